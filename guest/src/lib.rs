@@ -1,0 +1,30 @@
+//! The tutorial service's business logic, built as a `wasi:http` guest component.
+//!
+//! Everything here but [`wasm`] is plain Rust that compiles on any target, so
+//! `cargo test -p guest` runs the whole API natively against in-memory fakes:
+//!
+//! - [`api`]: the one entry point, [`api::handle`]: request in, response out;
+//! - [`routes`]: which paths exist and which methods each allows;
+//! - [`validation`]: the contract's rules for request bodies;
+//! - [`fibonacci`]: the deliberately naive computation;
+//! - [`error`]: the one error type, each variant with its status and message;
+//! - [`response`]: the one place that builds responses, error bodies included;
+//! - [`ports`]: what the logic needs from its host (the user store, a clock).
+//!
+//! `wasm` is the thin edge compiled only for `wasm32`: it converts `wasi:http` requests and
+//! responses and implements the ports on the host's `users` interface.
+#![warn(missing_docs)]
+
+pub mod api;
+pub mod error;
+pub mod fibonacci;
+pub mod ports;
+pub mod response;
+pub mod routes;
+pub mod validation;
+
+#[cfg(target_arch = "wasm32")]
+mod wasm;
+
+/// The version reported by `/api/health`: this crate's package version, so a swapped guest shows.
+pub const VERSION: &str = env!("CARGO_PKG_VERSION");

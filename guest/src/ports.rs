@@ -1,0 +1,42 @@
+//! What the business logic needs from outside: the user store and a clock.
+//!
+//! In the component these are the host's `users` interface and WASI's monotonic clock; in native
+//! tests they are in-memory fakes. Keeping them as traits is what lets the logic run anywhere.
+
+use serde::Serialize;
+
+/// A stored user, serialised exactly as the API returns it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct User {
+    /// UUID v4, lower-case hyphenated; assigned by the store.
+    pub id: String,
+    /// Display name, trimmed.
+    pub name: String,
+    /// E-mail address as given.
+    pub email: String,
+}
+
+/// Why the store refused to create a user.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CreateError {
+    /// Another user already has this e-mail address, compared case-insensitively.
+    DuplicateEmail,
+    /// The store is at its capacity.
+    StoreFull,
+}
+
+/// The user store: owned by the host, shared by all requests.
+pub trait UserStore {
+    /// Every user in creation order.
+    fn list(&self) -> Vec<User>;
+    /// The user with this canonical (lower-case hyphenated) id.
+    fn get(&self, id: &str) -> Option<User>;
+    /// Stores a new user with already validated fields and returns it with its new id.
+    fn create(&self, name: &str, email: &str) -> Result<User, CreateError>;
+}
+
+/// A monotonic clock, to time the Fibonacci computation.
+pub trait Clock {
+    /// Nanoseconds since an arbitrary, fixed origin.
+    fn now_nanos(&self) -> u64;
+}

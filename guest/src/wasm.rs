@@ -1,0 +1,165 @@
+//! The wasm edge: `wasi:http` in, [`api::handle`] in the middle, `wasi:http` out.
+//!
+//! Nothing here decides anything. It copies the request into an [`api::Request`], implements the
+//! ports on the host's `users` interface and WASI's clock, and copies the response back.
+
+use std::io::{Read, Write};
+
+use wasi::http::types::{
+    Fields, IncomingBody, IncomingRequest, Method, OutgoingBody, OutgoingResponse, ResponseOutparam,
+};
+
+use crate::api;
+use crate::error::ApiError;
+use crate::ports::{Clock, CreateError, User, UserStore};
+use crate::response::Response;
+
+wit_bindgen::generate!({
+    path: "../wit",
+    world: "tutorial:service/service",
+    // Reuse the `wasi` crate's types for every WASI interface instead of generating copies.
+    with: {
+        "wasi:io/error@0.2.12": wasi::io::error,
+        "wasi:io/poll@0.2.12": wasi::io::poll,
+        "wasi:io/streams@0.2.12": wasi::io::streams,
+        "wasi:clocks/monotonic-clock@0.2.12": wasi::clocks::monotonic_clock,
+        "wasi:clocks/wall-clock@0.2.12": wasi::clocks::wall_clock,
+        "wasi:random/random@0.2.12": wasi::random::random,
+        "wasi:cli/stdin@0.2.12": wasi::cli::stdin,
+        "wasi:cli/stdout@0.2.12": wasi::cli::stdout,
+        "wasi:cli/stderr@0.2.12": wasi::cli::stderr,
+        "wasi:http/types@0.2.12": wasi::http::types,
+        "wasi:http/outgoing-handler@0.2.12": wasi::http::outgoing_handler,
+    },
+});
+
+use tutorial::service::users;
+
+struct Component;
+
+export!(Component);
+
+impl exports::wasi::http::incoming_handler::Guest for Component {
+    fn handle(request: IncomingRequest, response_out: ResponseOutparam) {
+        let method = method_name(&request.method());
+        let target = request.path_with_query().unwrap_or_default();
+        let content_type = request
+            .headers()
+            .get("content-type")
+            .into_iter()
+            .next()
+            .map(|value| String::from_utf8_lossy(&value).into_owned());
+        let response = match read_body(request) {
+            Some(body) => {
+                let request = api::Request {
+                    method: &method,
+                    target: &target,
+                    content_type: content_type.as_deref(),
+                    body: &body,
+                };
+                api::handle(&request, &HostUsers, &WasiClock)
+            }
+            None => Response::from(ApiError::UnreadableBody),
+        };
+        send(response, response_out);
+    }
+}
+
+fn method_name(method: &Method) -> String {
+    match method {
+        Method::Get => "GET",
+        Method::Head => "HEAD",
+        Method::Post => "POST",
+        Method::Put => "PUT",
+        Method::Delete => "DELETE",
+        Method::Connect => "CONNECT",
+        Method::Options => "OPTIONS",
+        Method::Trace => "TRACE",
+        Method::Patch => "PATCH",
+        Method::Other(other) => other,
+    }
+    .to_string()
+}
+
+/// The whole request body, or `None` when the stream fails.
+fn read_body(request: IncomingRequest) -> Option<Vec<u8>> {
+    let body = request.consume().ok()?;
+    let mut bytes = Vec::new();
+    {
+        // The stream is a child of the body: it must be dropped before the body is finished.
+        let mut stream = body.stream().ok()?;
+        stream.read_to_end(&mut bytes).ok()?;
+    }
+    drop(IncomingBody::finish(body));
+    Some(bytes)
+}
+
+fn send(response: Response, response_out: ResponseOutparam) {
+    let mut fields: Vec<(String, Vec<u8>)> = response
+        .headers
+        .into_iter()
+        .map(|(name, value)| (name.to_string(), value.into_bytes()))
+        .collect();
+    fields.push((
+        "content-length".into(),
+        response.body.len().to_string().into_bytes(),
+    ));
+    let headers = Fields::from_list(&fields).expect("our header names and values are valid");
+    let outgoing = OutgoingResponse::new(headers);
+    outgoing
+        .set_status_code(response.status)
+        .expect("our status codes are valid");
+    let body = outgoing
+        .body()
+        .expect("a new response's body is taken once");
+    ResponseOutparam::set(response_out, Ok(outgoing));
+
+    // Once the head is sent, a failed write only means the client has gone: nothing to report.
+    if let Ok(mut stream) = body.write() {
+        if stream.write_all(&response.body).is_ok() {
+            let _ = stream.blocking_flush();
+        }
+    }
+    let _ = OutgoingBody::finish(body, None);
+}
+
+/// The host's user store, reached through the `users` WIT interface.
+struct HostUsers;
+
+impl From<users::User> for User {
+    fn from(user: users::User) -> User {
+        User {
+            id: user.id,
+            name: user.name,
+            email: user.email,
+        }
+    }
+}
+
+impl UserStore for HostUsers {
+    fn list(&self) -> Vec<User> {
+        users::list().into_iter().map(User::from).collect()
+    }
+
+    fn get(&self, id: &str) -> Option<User> {
+        users::get(id).map(User::from)
+    }
+
+    fn create(&self, name: &str, email: &str) -> Result<User, CreateError> {
+        users::create(name, email)
+            .map(User::from)
+            .map_err(|error| match error {
+                users::CreateError::DuplicateEmail => CreateError::DuplicateEmail,
+                users::CreateError::StoreFull => CreateError::StoreFull,
+            })
+    }
+}
+
+/// WASI's monotonic clock.
+struct WasiClock;
+
+impl Clock for WasiClock {
+    fn now_nanos(&self) -> u64 {
+        wasi::clocks::monotonic_clock::now()
+    }
+}

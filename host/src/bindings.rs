@@ -1,0 +1,20 @@
+//! Host bindings for the service's WIT world (`wit/service.wit`): the one `bindgen!`.
+//!
+//! Every WASI interface maps onto wasmtime-wasi's and wasmtime-wasi-http's own bindings, so only
+//! the service's `users` interface is generated here.
+#![allow(missing_docs)]
+
+wasmtime::component::bindgen!({
+    path: "../wit",
+    world: "tutorial:service/service",
+    exports: { default: async },
+    with: {
+        "wasi:http": wasmtime_wasi_http::p2::bindings::http,
+        "wasi:io": wasmtime_wasi::p2::bindings::io,
+        "wasi:cli": wasmtime_wasi::p2::bindings::cli,
+        "wasi:clocks": wasmtime_wasi::p2::bindings::clocks,
+        "wasi:random": wasmtime_wasi::p2::bindings::random,
+    },
+});
+
+pub use tutorial::service::users;

@@ -1,0 +1,132 @@
+//! The host's configuration: flags override environment variables, which override defaults.
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::path::PathBuf;
+
+use clap::Parser;
+use clap::builder::BoolishValueParser;
+
+/// The port the API listens on unless told otherwise.
+pub const DEFAULT_PORT: u16 = 8080;
+/// The address the API binds unless told otherwise: every interface.
+pub const DEFAULT_BIND: IpAddr = IpAddr::V4(Ipv4Addr::UNSPECIFIED);
+/// How long one request may run inside the guest.
+pub const DEFAULT_REQUEST_TIMEOUT_MS: u64 = 10_000;
+/// The largest request body the host passes to the guest; larger ones get 413.
+pub const DEFAULT_MAX_BODY_BYTES: usize = 1024 * 1024;
+/// Linear memory one guest instance may grow to.
+pub const DEFAULT_GUEST_MEMORY_MB: u64 = 128;
+/// How many users the store holds before creation answers 503.
+pub const DEFAULT_MAX_USERS: usize = 1_000_000;
+/// Where the JSON log lines are appended, relative to the working directory.
+pub const DEFAULT_LOG_FILE: &str = "logs/app.log";
+
+/// Serves the tutorial service's guest component over HTTP.
+#[derive(Debug, Clone, Parser)]
+#[command(name = "host", version, about)]
+pub struct Config {
+    /// Guest component to serve (a wasi-http component; `make build` produces the default one).
+    #[arg(long, env = "GUEST_COMPONENT", default_value_os_t = default_guest_path())]
+    pub guest: PathBuf,
+
+    /// TCP port to listen on (0 picks a free one).
+    #[arg(long, env = "PORT", default_value_t = DEFAULT_PORT)]
+    pub port: u16,
+
+    /// Address to bind.
+    #[arg(long, env = "BIND", default_value_t = DEFAULT_BIND)]
+    pub bind: IpAddr,
+
+    /// Reload the guest when its file changes.
+    #[arg(long, env = "GUEST_WATCH", value_parser = BoolishValueParser::new(), default_value_t = false)]
+    pub watch: bool,
+
+    /// Deadline for one request inside the guest, in milliseconds.
+    #[arg(long, env = "REQUEST_TIMEOUT_MS", default_value_t = DEFAULT_REQUEST_TIMEOUT_MS,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub request_timeout_ms: u64,
+
+    /// Largest accepted request body, in bytes; larger ones get 413.
+    #[arg(long, env = "MAX_BODY_BYTES", default_value_t = DEFAULT_MAX_BODY_BYTES)]
+    pub max_body_bytes: usize,
+
+    /// Linear memory cap per guest instance, in MiB.
+    #[arg(long, env = "GUEST_MEMORY_MB", default_value_t = DEFAULT_GUEST_MEMORY_MB,
+          value_parser = clap::value_parser!(u64).range(1..=4096))]
+    pub guest_memory_mb: u64,
+
+    /// Most users the store holds; creating one more answers 503.
+    #[arg(long, env = "MAX_USERS", default_value_t = DEFAULT_MAX_USERS)]
+    pub max_users: usize,
+
+    /// File the JSON log lines are appended to.
+    #[arg(long, env = "LOG_FILE", default_value = DEFAULT_LOG_FILE)]
+    pub log_file: PathBuf,
+}
+
+impl Config {
+    /// The socket address to listen on.
+    pub fn listen_addr(&self) -> SocketAddr {
+        SocketAddr::new(self.bind, self.port)
+    }
+}
+
+/// Where `make build` leaves the guest: `target/wasm32-wasip2/release/guest.wasm` under the
+/// workspace root this host was built in.
+fn default_guest_path() -> PathBuf {
+    let host_crate = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let workspace = host_crate.parent().unwrap_or(host_crate);
+    workspace.join("target/wasm32-wasip2/release/guest.wasm")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_follow_the_contract() {
+        let config = Config::try_parse_from(["host"]).unwrap();
+        assert_eq!(config.listen_addr().to_string(), "0.0.0.0:8080");
+        assert!(
+            config
+                .guest
+                .ends_with("target/wasm32-wasip2/release/guest.wasm")
+        );
+        assert_eq!(config.max_body_bytes, 1_048_576);
+        assert_eq!(config.request_timeout_ms, 10_000);
+        assert_eq!(config.guest_memory_mb, 128);
+        assert_eq!(config.log_file, PathBuf::from("logs/app.log"));
+        assert!(!config.watch);
+    }
+
+    #[test]
+    fn flags_set_every_value() {
+        let config = Config::try_parse_from([
+            "host",
+            "--guest",
+            "g.wasm",
+            "--port",
+            "9000",
+            "--bind",
+            "127.0.0.1",
+            "--watch",
+            "--max-body-bytes",
+            "10",
+            "--max-users",
+            "3",
+        ])
+        .unwrap();
+        assert_eq!(config.guest, PathBuf::from("g.wasm"));
+        assert_eq!(config.listen_addr().to_string(), "127.0.0.1:9000");
+        assert!(config.watch);
+        assert_eq!(config.max_body_bytes, 10);
+        assert_eq!(config.max_users, 3);
+    }
+
+    #[test]
+    fn invalid_values_are_refused_before_binding() {
+        assert!(Config::try_parse_from(["host", "--port", "70000"]).is_err());
+        assert!(Config::try_parse_from(["host", "--bind", "nowhere"]).is_err());
+        assert!(Config::try_parse_from(["host", "--request-timeout-ms", "0"]).is_err());
+    }
+}

@@ -1,0 +1,36 @@
+//! The host's one error type: what can go wrong loading or running a guest.
+
+use std::path::PathBuf;
+
+/// A failure of the host's own making or of the guest it runs.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The guest file could not be read.
+    #[error("cannot read guest component {path}: {io_error} (run `make build` to build it)")]
+    GuestUnreadable {
+        /// The path that was tried.
+        path: PathBuf,
+        /// Why reading failed.
+        io_error: std::io::Error,
+    },
+    /// The file is not a component this host can serve.
+    #[error("invalid guest component {path}: {reason} (run `make build` to rebuild it)")]
+    GuestInvalid {
+        /// The path that was tried.
+        path: PathBuf,
+        /// Why it was refused, on one line.
+        reason: String,
+    },
+    /// The guest trapped or otherwise failed before producing a response.
+    #[error("guest failed: {0}")]
+    GuestFailed(String),
+    /// Setting up the wasm runtime failed.
+    #[error("wasm runtime: {0}")]
+    Runtime(String),
+}
+
+/// A wasmtime error as one line: its whole chain of causes, without newlines.
+pub(crate) fn one_line(error: wasmtime::Error) -> String {
+    let text = format!("{:#}", anyhow::Error::from(error));
+    text.split_whitespace().collect::<Vec<_>>().join(" ")
+}

@@ -1,0 +1,109 @@
+//! The guest component: compiled and linked once, instantiated afresh for every request.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http_body_util::Full;
+use tokio::sync::oneshot;
+use wasmtime::component::{Component, HasSelf, Linker};
+use wasmtime::{Engine, Store};
+use wasmtime_wasi_http::WasiHttpView;
+use wasmtime_wasi_http::p2::bindings::http::types::Scheme;
+
+use crate::bindings::{ServicePre, users};
+use crate::error::{Error, one_line};
+use crate::request_state::RequestState;
+use crate::responses::ResponseBody;
+use crate::user_store::UserStore;
+
+/// The wasm engine and the linker that provides the guest's imports. Built once per process.
+pub struct Runtime {
+    engine: Engine,
+    linker: Linker<RequestState>,
+}
+
+impl Runtime {
+    /// An engine and a linker with full WASI p2 (a Rust `std` guest imports `wasi:cli` and
+    /// friends beyond the proxy world), `wasi:http`, and the service's `users` interface.
+    pub fn new() -> Result<Runtime, Error> {
+        let engine =
+            Engine::new(&wasmtime::Config::new()).map_err(|e| Error::Runtime(one_line(e)))?;
+        let mut linker = Linker::new(&engine);
+        let link = |linker: &mut Linker<RequestState>| -> wasmtime::Result<()> {
+            wasmtime_wasi::p2::add_to_linker_async(linker)?;
+            wasmtime_wasi_http::p2::add_only_http_to_linker_async(linker)?;
+            users::add_to_linker::<_, HasSelf<_>>(linker, |state| state)?;
+            Ok(())
+        };
+        link(&mut linker).map_err(|e| Error::Runtime(one_line(e)))?;
+        Ok(Runtime { engine, linker })
+    }
+
+    /// Reads, compiles, links and pre-instantiates the component at `path`.
+    pub fn load(&self, path: &Path) -> Result<Guest, Error> {
+        let bytes = std::fs::read(path).map_err(|io_error| Error::GuestUnreadable {
+            path: path.to_owned(),
+            io_error,
+        })?;
+        let invalid = |error: wasmtime::Error| Error::GuestInvalid {
+            path: path.to_owned(),
+            reason: one_line(error),
+        };
+        let component = Component::new(&self.engine, &bytes).map_err(invalid)?;
+        let instance_pre = self.linker.instantiate_pre(&component).map_err(invalid)?;
+        let pre = ServicePre::new(instance_pre).map_err(invalid)?;
+        Ok(Guest { pre })
+    }
+}
+
+/// A loaded guest, ready to be instantiated.
+#[derive(Clone)]
+pub struct Guest {
+    pre: ServicePre<RequestState>,
+}
+
+impl Guest {
+    /// Runs one request through a fresh instance and returns its response.
+    ///
+    /// The instance runs in its own task: once it has sent the response head it keeps going,
+    /// streaming the body, while the caller returns the response to hyper.
+    pub async fn handle(
+        &self,
+        users: Arc<UserStore>,
+        request: http::Request<Full<Bytes>>,
+    ) -> Result<http::Response<ResponseBody>, Error> {
+        let mut store = Store::new(self.pre.engine(), RequestState::new(users));
+        let (sender, receiver) = oneshot::channel();
+        let setup = |store: &mut Store<RequestState>| -> wasmtime::Result<_> {
+            let request = store
+                .data_mut()
+                .http()
+                .new_incoming_request(Scheme::Http, request)?;
+            let response_out = store.data_mut().http().new_response_outparam(sender)?;
+            Ok((request, response_out))
+        };
+        let (request, response_out) =
+            setup(&mut store).map_err(|e| Error::GuestFailed(one_line(e)))?;
+        let pre = self.pre.clone();
+        let task = tokio::spawn(async move {
+            let service = pre.instantiate_async(&mut store).await?;
+            service
+                .wasi_http_incoming_handler()
+                .call_handle(&mut store, request, response_out)
+                .await
+        });
+        match receiver.await {
+            Ok(Ok(response)) => Ok(response),
+            Ok(Err(code)) => Err(Error::GuestFailed(format!(
+                "guest answered with error {code:?}"
+            ))),
+            // The sender is dropped with the store: the task has ended without a response.
+            Err(_) => Err(Error::GuestFailed(match task.await {
+                Ok(Ok(())) => "guest returned without sending a response".to_string(),
+                Ok(Err(trap)) => one_line(trap),
+                Err(join_error) => join_error.to_string(),
+            })),
+        }
+    }
+}

@@ -1,0 +1,28 @@
+//! The native host: serves the tutorial service's guest component over HTTP.
+//!
+//! The host is stable; the guest is replaceable. Each request gets a fresh wasm instance of the
+//! guest, pre-instantiated once at start. What outlives a request lives here, in host state:
+//!
+//! - [`config`]: flags and environment variables, validated before anything binds;
+//! - [`bindings`]: the one `bindgen!` of the service's WIT world;
+//! - [`error`]: the one error type;
+//! - [`guest`]: loading the component and running one request through a fresh instance;
+//! - [`request_state`]: what one request's wasm store holds, and what the guest may reach;
+//! - [`users`]: the `users` WIT interface, implemented on [`user_store::UserStore`];
+//! - [`server`]: the accept loop and the per-request path (request ids, limits, errors);
+//! - [`metrics`]: every metric name, and the `/metrics` page;
+//! - [`routes`]: the API's route templates, as the host needs them for limits and labels;
+//! - [`responses`]: the one place that builds the host's own responses.
+#![warn(missing_docs)]
+
+pub mod bindings;
+pub mod config;
+pub mod error;
+pub mod guest;
+pub mod metrics;
+pub mod request_state;
+pub mod responses;
+pub mod routes;
+pub mod server;
+pub mod user_store;
+pub mod users;

@@ -1,0 +1,90 @@
+//! What one request's wasm store holds, and so everything the guest can reach.
+//!
+//! The guest gets the `wasi:http` interfaces, clocks and randomness, and the `users` interface.
+//! It gets no preopened directories, no environment, no arguments, no sockets and no outgoing
+//! HTTP: the WASI context is empty and outgoing requests are refused.
+
+use std::sync::Arc;
+
+use wasmtime::component::ResourceTable;
+use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
+use wasmtime_wasi_http::p2::bindings::http::types::ErrorCode;
+use wasmtime_wasi_http::{WasiHttpCtx, WasiHttpCtxView, WasiHttpHooks, WasiHttpView};
+
+use crate::user_store::UserStore;
+
+/// The data of one request's `wasmtime::Store`.
+pub struct RequestState {
+    wasi: WasiCtx,
+    http: WasiHttpCtx,
+    /// Resources (streams, requests, responses) the guest holds handles to.
+    table: ResourceTable,
+    hooks: DenyOutgoingRequests,
+    /// The shared store behind the `users` interface.
+    pub(crate) users: Arc<UserStore>,
+}
+
+impl RequestState {
+    /// A fresh state for one request, sharing the host's user store.
+    pub fn new(users: Arc<UserStore>) -> RequestState {
+        let wasi = WasiCtx::builder()
+            .allow_tcp(false)
+            .allow_udp(false)
+            .allow_ip_name_lookup(false)
+            .build();
+        RequestState {
+            wasi,
+            http: WasiHttpCtx::new(),
+            table: ResourceTable::new(),
+            hooks: DenyOutgoingRequests,
+            users,
+        }
+    }
+}
+
+impl WasiView for RequestState {
+    fn ctx(&mut self) -> WasiCtxView<'_> {
+        WasiCtxView {
+            ctx: &mut self.wasi,
+            table: &mut self.table,
+        }
+    }
+}
+
+impl WasiHttpView for RequestState {
+    fn http(&mut self) -> WasiHttpCtxView<'_> {
+        WasiHttpCtxView {
+            ctx: &mut self.http,
+            table: &mut self.table,
+            hooks: &mut self.hooks,
+        }
+    }
+}
+
+/// `wasi:http` hooks that refuse every outgoing request: the guest talks to no one.
+struct DenyOutgoingRequests;
+
+impl WasiHttpHooks for DenyOutgoingRequests {
+    fn send_request(
+        &mut self,
+        _request: http::Request<wasmtime_wasi_http::WasiBody>,
+        _options: Option<wasmtime_wasi_http::RequestOptions>,
+        _fut: Box<dyn Future<Output = Result<(), wasmtime_wasi_http::Error>> + Send>,
+    ) -> Box<
+        dyn Future<
+                Output = Result<
+                    (
+                        http::Response<wasmtime_wasi_http::WasiBody>,
+                        Box<dyn Future<Output = Result<(), wasmtime_wasi_http::Error>> + Send>,
+                    ),
+                    wasmtime_wasi_http::Error,
+                >,
+            > + Send,
+    > {
+        Box::new(async { Err(wasmtime_wasi_http::Error::HttpRequestDenied) })
+    }
+
+    fn p2_error_from_hyper(&mut self, _error: &hyper::Error) -> ErrorCode {
+        ErrorCode::HttpProtocolError
+    }
+}

@@ -1,0 +1,47 @@
+//! The one place that builds the host's own responses: errors the host answers itself
+//! (limits, faults) and the metrics page. Every error body is `{"error": "<message>"}`.
+
+use bytes::Bytes;
+use http::{HeaderValue, Response, StatusCode, header};
+use http_body_util::{BodyExt, Full};
+
+/// The body type of every response the host sends, whether the guest or the host wrote it.
+pub type ResponseBody = wasmtime_wasi_http::p2::body::HyperOutgoingBody;
+
+/// Message of the 500 answered when the guest traps or produces no response.
+pub const INTERNAL_ERROR: &str = "Internal server error";
+/// Message of the 413 answered for a body over the limit.
+pub const BODY_TOO_LARGE: &str = "Request body too large";
+
+/// A complete response with a fixed body.
+pub fn full(
+    status: StatusCode,
+    content_type: &'static str,
+    body: impl Into<Bytes>,
+) -> Response<ResponseBody> {
+    let mut response = Response::new(Full::new(body.into()).map_err(Into::into).boxed_unsync());
+    *response.status_mut() = status;
+    response
+        .headers_mut()
+        .insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
+    response
+}
+
+/// A JSON error response: `{"error": message}`.
+pub fn error(status: StatusCode, message: &str) -> Response<ResponseBody> {
+    let body = serde_json::json!({ "error": message }).to_string();
+    full(status, "application/json", body)
+}
+
+/// A 405 with the `Allow` header listing `allowed`.
+pub fn method_not_allowed(allowed: &[http::Method]) -> Response<ResponseBody> {
+    let mut response = error(StatusCode::METHOD_NOT_ALLOWED, "Method not allowed");
+    let allow = allowed
+        .iter()
+        .map(http::Method::as_str)
+        .collect::<Vec<_>>()
+        .join(", ");
+    let allow = HeaderValue::from_str(&allow).expect("method names are valid header values");
+    response.headers_mut().insert(header::ALLOW, allow);
+    response
+}

@@ -1,0 +1,229 @@
+//! The accept loop and the per-request path.
+//!
+//! For every request the host, in order: gives it a request id, serves `/metrics` itself,
+//! bounds the body (413 before the guest runs), runs the guest in a fresh instance, turns a
+//! failed guest into a 500, and counts the answer. The guest decides everything else.
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::{HeaderMap, HeaderName, HeaderValue, Method, Request, Response, StatusCode, header};
+use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
+use hyper::body::Incoming;
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper_util::rt::TokioIo;
+use hyper_util::server::graceful::GracefulShutdown;
+use tokio::net::TcpListener;
+
+use crate::guest::Guest;
+use crate::metrics::{self, Metrics};
+use crate::responses::{self, ResponseBody};
+use crate::routes::{self, Route};
+use crate::user_store::UserStore;
+
+/// The header that carries a request's id, in both directions.
+pub const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
+/// The longest client-supplied request id that is kept.
+pub const MAX_REQUEST_ID_LEN: usize = 128;
+/// How long in-flight requests may take to finish once shutdown starts.
+pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
+
+/// Everything the per-request path needs, shared by all connections.
+pub struct App {
+    guest: Guest,
+    users: Arc<UserStore>,
+    metrics: Metrics,
+    max_body_bytes: usize,
+}
+
+impl App {
+    /// The service around `guest`, with `users` as its store and bodies capped at `max_body_bytes`.
+    pub fn new(guest: Guest, users: Arc<UserStore>, max_body_bytes: usize) -> App {
+        App {
+            guest,
+            users,
+            metrics: Metrics::new(),
+            max_body_bytes,
+        }
+    }
+
+    /// Answers one request. Never fails: every fault becomes a JSON error response.
+    pub async fn handle(&self, request: Request<Incoming>) -> Response<ResponseBody> {
+        let started = Instant::now();
+        let request_id = request_id(request.headers());
+        let method = request.method().clone();
+        let route = routes::find(request.uri().path());
+        let mut response = self.respond(request, route, &request_id).await;
+        response.headers_mut().insert(REQUEST_ID, request_id);
+        let route_label = route.map_or(metrics::UNMATCHED_ROUTE, |route| route.template);
+        self.metrics.observe_request(
+            &method,
+            route_label,
+            response.status().as_u16(),
+            started.elapsed(),
+        );
+        response
+    }
+
+    async fn respond(
+        &self,
+        request: Request<Incoming>,
+        route: Option<&'static Route>,
+        request_id: &HeaderValue,
+    ) -> Response<ResponseBody> {
+        if let Some(route) = route.filter(|route| route.template == routes::METRICS_PATH) {
+            return self.metrics_page(request.method(), route);
+        }
+        let reaches_endpoint = route.is_some_and(|route| route.allows(request.method()));
+        let (mut parts, body) = request.into_parts();
+        let body = match read_body(body, &parts.headers, self.max_body_bytes).await {
+            Ok(body) => body,
+            Err(BodyError::TooLarge) if reaches_endpoint => {
+                return responses::error(StatusCode::PAYLOAD_TOO_LARGE, responses::BODY_TOO_LARGE);
+            }
+            // 404 and 405 come before 413: the guest answers those without reading the body.
+            Err(BodyError::TooLarge) => Bytes::new(),
+            Err(BodyError::Unreadable) => {
+                return responses::error(
+                    StatusCode::BAD_REQUEST,
+                    "Could not read the request body",
+                );
+            }
+        };
+        parts.headers.insert(REQUEST_ID, request_id.clone());
+        if !parts.headers.contains_key(header::HOST) && parts.uri.authority().is_none() {
+            // HTTP/1.0 clients may omit `Host`; wasi:http needs an authority.
+            parts
+                .headers
+                .insert(header::HOST, HeaderValue::from_static("localhost"));
+        }
+        let request = Request::from_parts(parts, Full::new(body));
+        match self.guest.handle(Arc::clone(&self.users), request).await {
+            Ok(response) => response,
+            Err(error) => {
+                tracing::error!(request_id = ?request_id, %error, "guest failed; answering 500");
+                responses::error(StatusCode::INTERNAL_SERVER_ERROR, responses::INTERNAL_ERROR)
+            }
+        }
+    }
+
+    fn metrics_page(&self, method: &Method, route: &Route) -> Response<ResponseBody> {
+        if !route.allows(method) {
+            return responses::method_not_allowed(route.methods);
+        }
+        responses::full(StatusCode::OK, metrics::CONTENT_TYPE, self.metrics.render())
+    }
+}
+
+/// The client's `x-request-id` when it is 1 to 128 visible ASCII characters, else a new UUID v4.
+fn request_id(headers: &HeaderMap) -> HeaderValue {
+    headers
+        .get(REQUEST_ID)
+        .filter(|value| {
+            let bytes = value.as_bytes();
+            (1..=MAX_REQUEST_ID_LEN).contains(&bytes.len())
+                && bytes.iter().all(u8::is_ascii_graphic)
+        })
+        .cloned()
+        .unwrap_or_else(|| {
+            let id = uuid::Uuid::new_v4().hyphenated().to_string();
+            HeaderValue::from_str(&id).expect("a UUID is a valid header value")
+        })
+}
+
+enum BodyError {
+    TooLarge,
+    Unreadable,
+}
+
+/// The whole body, refused as soon as it is known to exceed `limit`: from `Content-Length`
+/// before reading anything, or while streaming when the length is not declared.
+async fn read_body(body: Incoming, headers: &HeaderMap, limit: usize) -> Result<Bytes, BodyError> {
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|value| value.to_str().ok()?.parse::<u64>().ok());
+    if declared.is_some_and(|length| length > limit as u64) {
+        return Err(BodyError::TooLarge);
+    }
+    match Limited::new(body, limit).collect().await {
+        Ok(collected) => Ok(collected.to_bytes()),
+        Err(error) if error.is::<LengthLimitError>() => Err(BodyError::TooLarge),
+        Err(_) => Err(BodyError::Unreadable),
+    }
+}
+
+/// Serves HTTP/1.1 on `listener` until `shutdown` completes, then stops accepting and gives
+/// in-flight requests [`SHUTDOWN_GRACE`] to finish.
+pub async fn serve(listener: TcpListener, app: Arc<App>, shutdown: impl Future<Output = ()>) {
+    let connections = GracefulShutdown::new();
+    tokio::pin!(shutdown);
+    loop {
+        let stream = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _peer)) => stream,
+                Err(error) => {
+                    // Usually out of file descriptors: back off instead of spinning.
+                    tracing::warn!(%error, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            () = &mut shutdown => break,
+        };
+        let _ = stream.set_nodelay(true);
+        let app = Arc::clone(&app);
+        let service = service_fn(move |request| {
+            let app = Arc::clone(&app);
+            async move { Ok::<_, Infallible>(app.handle(request).await) }
+        });
+        let connection = http1::Builder::new().serve_connection(TokioIo::new(stream), service);
+        let connection = connections.watch(connection);
+        tokio::spawn(async move {
+            // A client that vanishes or speaks garbage ends its own connection, nothing more.
+            let _ = connection.await;
+        });
+    }
+    drop(listener);
+    if tokio::time::timeout(SHUTDOWN_GRACE, connections.shutdown())
+        .await
+        .is_err()
+    {
+        tracing::warn!("shutdown grace period over; closing remaining connections");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn headers_with_id(id: &[u8]) -> HeaderMap {
+        let mut headers = HeaderMap::new();
+        headers.insert(REQUEST_ID, HeaderValue::from_bytes(id).unwrap());
+        headers
+    }
+
+    #[test]
+    fn a_valid_client_request_id_is_kept() {
+        for id in [&b"abc-123"[..], b"x", &[b'a'; 128]] {
+            assert_eq!(request_id(&headers_with_id(id)).as_bytes(), id);
+        }
+    }
+
+    #[test]
+    fn a_missing_or_invalid_request_id_is_replaced_by_a_uuid() {
+        for headers in [
+            HeaderMap::new(),
+            headers_with_id(b""),
+            headers_with_id(b"has space"),
+            headers_with_id(&[b'a'; 129]),
+        ] {
+            let id = request_id(&headers);
+            let id = uuid::Uuid::parse_str(id.to_str().unwrap()).unwrap();
+            assert_eq!(id.get_version_num(), 4);
+        }
+    }
+}
