@@ -8,6 +8,7 @@ wasmtime::component::bindgen!({
     path: "../wit",
     world: "tutorial:service/service",
     exports: { default: async },
+    additional_derives: [PartialEq, Eq],
     with: {
         "wasi:http": wasmtime_wasi_http::p2::bindings::http,
         "wasi:io": wasmtime_wasi::p2::bindings::io,

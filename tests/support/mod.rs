@@ -1,0 +1,185 @@
+//! Test support: starts the real `host` binary on an ephemeral port and talks to it over HTTP.
+
+#![allow(dead_code)] // Each test file uses its own part of this module.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// How long a host may take to start before the test fails.
+const START_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Variables of the contract's configuration table, cleared so the machine's environment
+/// cannot change what a test sees.
+const CONFIG_VARS: &[&str] = &[
+    "GUEST_COMPONENT",
+    "PORT",
+    "BIND",
+    "GUEST_WATCH",
+    "REQUEST_TIMEOUT_MS",
+    "MAX_BODY_BYTES",
+    "GUEST_MEMORY_MB",
+    "MAX_USERS",
+    "LOG_FILE",
+    "RUST_LOG",
+    "OTEL_SERVICE_NAME",
+    "OTEL_EXPORTER_JAEGER_AGENT_HOST",
+    "OTEL_EXPORTER_JAEGER_AGENT_PORT",
+];
+
+/// The path of a guest component built by `make build` (`guest`, or a fixture's crate name).
+pub fn guest_path(crate_name: &str) -> PathBuf {
+    let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
+    let file_name = format!("{}.wasm", crate_name.replace('-', "_"));
+    let path = workspace
+        .join("target/wasm32-wasip2/release")
+        .join(file_name);
+    assert!(
+        path.exists(),
+        "{} is missing: run `make build` first",
+        path.display()
+    );
+    path
+}
+
+/// A running host process, killed when dropped.
+pub struct Host {
+    child: Child,
+    /// `http://127.0.0.1:PORT`.
+    pub base_url: String,
+    /// Every line the host has written to stdout so far.
+    pub stdout: Arc<Mutex<Vec<String>>>,
+}
+
+impl Host {
+    /// The host serving the real guest with default settings.
+    pub fn start() -> Host {
+        Host::start_with(&guest_path("guest"), &[])
+    }
+
+    /// The host serving `guest`, with extra environment variables.
+    pub fn start_with(guest: &Path, env: &[(&str, &str)]) -> Host {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_host"));
+        for var in CONFIG_VARS {
+            command.env_remove(var);
+        }
+        let log_dir = tempdir();
+        command
+            .args(["--bind", "127.0.0.1", "--port", "0", "--guest"])
+            .arg(guest)
+            .env("LOG_FILE", log_dir.join("app.log"))
+            .envs(env.iter().copied())
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit());
+        let mut child = command.spawn().expect("the host binary starts");
+
+        // Read stdout on a thread for the whole run: a full pipe would block the host's logging.
+        let stdout = Arc::new(Mutex::new(Vec::new()));
+        let (address_tx, address_rx) = mpsc::channel();
+        let reader = BufReader::new(child.stdout.take().unwrap());
+        let lines = Arc::clone(&stdout);
+        std::thread::spawn(move || {
+            let mut address_tx = Some(address_tx);
+            for line in reader.lines().map_while(Result::ok) {
+                if let Some(address) = listening_address(&line) {
+                    if let Some(tx) = address_tx.take() {
+                        let _ = tx.send(address);
+                    }
+                }
+                lines.lock().unwrap().push(line);
+            }
+        });
+        let address = match address_rx.recv_timeout(START_TIMEOUT) {
+            Ok(address) => address,
+            Err(_) => {
+                let _ = child.kill();
+                panic!(
+                    "host did not report its address; stdout: {:?}",
+                    stdout.lock().unwrap()
+                );
+            }
+        };
+        Host {
+            child,
+            base_url: format!("http://{address}"),
+            stdout,
+        }
+    }
+
+    /// The absolute URL of `path`.
+    pub fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.base_url)
+    }
+
+    /// `host:port` of the listener.
+    pub fn authority(&self) -> &str {
+        self.base_url.trim_start_matches("http://")
+    }
+
+    /// Whether the process is still running.
+    pub fn is_running(&mut self) -> bool {
+        self.child.try_wait().unwrap().is_none()
+    }
+}
+
+impl Drop for Host {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The `ADDR` of a start-up line that says `listening on http://ADDR`.
+fn listening_address(line: &str) -> Option<String> {
+    let rest = &line[line.find("listening on http://")? + "listening on http://".len()..];
+    let end = rest
+        .find(|c: char| c == '"' || c.is_whitespace())
+        .unwrap_or(rest.len());
+    Some(rest[..end].to_string())
+}
+
+/// A fresh, empty directory under the system temp directory.
+pub fn tempdir() -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("host-test-{}", uuid_like()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+fn uuid_like() -> String {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos();
+    format!(
+        "{}-{}-{}",
+        std::process::id(),
+        nanos,
+        COUNTER.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+/// An HTTP client for the tests; no connection reuse surprises, no proxies.
+pub fn client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .no_proxy()
+        .timeout(Duration::from_secs(60))
+        .build()
+        .unwrap()
+}
+
+/// Sends one raw request over a fresh TCP connection and returns everything the host answered
+/// until it closed the connection. For requests an HTTP client library would refuse to send.
+pub async fn raw_request(authority: &str, request: &[u8]) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(authority).await.unwrap();
+    stream.write_all(request).await.unwrap();
+    let mut answer = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(30), stream.read_to_end(&mut answer)).await;
+    String::from_utf8_lossy(&answer).into_owned()
+}
