@@ -115,10 +115,11 @@ fn send(response: Response, response_out: ResponseOutparam) {
     ResponseOutparam::set(response_out, Ok(outgoing));
 
     // Once the head is sent, a failed write only means the client has gone: nothing to report.
-    if let Ok(mut stream) = body.write() {
-        if stream.write_all(&response.body).is_ok() {
-            let _ = stream.blocking_flush();
-        }
+    // The stream is a child of the body: it is dropped at the end of this block, before finish.
+    if let Ok(mut stream) = body.write()
+        && stream.write_all(&response.body).is_ok()
+    {
+        let _ = stream.blocking_flush();
     }
     let _ = OutgoingBody::finish(body, None);
 }

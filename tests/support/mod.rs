@@ -85,10 +85,10 @@ impl Host {
         std::thread::spawn(move || {
             let mut address_tx = Some(address_tx);
             for line in reader.lines().map_while(Result::ok) {
-                if let Some(address) = listening_address(&line) {
-                    if let Some(tx) = address_tx.take() {
-                        let _ = tx.send(address);
-                    }
+                if let Some(address) = listening_address(&line)
+                    && let Some(tx) = address_tx.take()
+                {
+                    let _ = tx.send(address);
                 }
                 lines.lock().unwrap().push(line);
             }
