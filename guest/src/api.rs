@@ -4,7 +4,7 @@ use serde::Serialize;
 
 use crate::error::ApiError;
 use crate::fibonacci;
-use crate::ports::{Clock, CreateError, UserStore};
+use crate::ports::{Clock, CreateError, Level, Span, Telemetry, UserStore, Value};
 use crate::response::Response;
 use crate::routes::Route;
 use crate::validation;
@@ -24,34 +24,51 @@ pub struct Request<'a> {
 
 /// Answers one request. Checks run in the contract's order: unknown path (404), wrong method
 /// (405), content type (415), unparseable body (400), then the endpoint's own rules.
-pub fn handle(request: &Request<'_>, store: &impl UserStore, clock: &impl Clock) -> Response {
-    dispatch(request, store, clock).unwrap_or_else(Response::from)
+pub fn handle(
+    request: &Request<'_>,
+    ports: &Ports<'_, impl UserStore, impl Clock, impl Telemetry>,
+) -> Response {
+    dispatch(request, ports).unwrap_or_else(Response::from)
 }
 
-fn dispatch(
+/// What the logic reaches outside itself: the user store, a clock and telemetry.
+pub struct Ports<'a, S, C, T> {
+    /// The host's user store.
+    pub store: &'a S,
+    /// A monotonic clock.
+    pub clock: &'a C,
+    /// Spans and log events.
+    pub telemetry: &'a T,
+}
+
+fn dispatch<S: UserStore, C: Clock, T: Telemetry>(
     request: &Request<'_>,
-    store: &impl UserStore,
-    clock: &impl Clock,
+    ports: &Ports<'_, S, C, T>,
 ) -> Result<Response, ApiError> {
     let route = Route::from_path(request.target).ok_or(ApiError::NotFound)?;
     if !route.allows(request.method) {
         return Err(ApiError::MethodNotAllowed(route.allowed_methods()));
     }
     match route {
-        Route::Health => Ok(health()),
-        Route::Users if request.method == "POST" => create_user(request, store),
-        Route::Users => Ok(Response::json(200, &store.list())),
-        Route::User(id) => get_user(id, store),
-        Route::Compute => compute(request, clock),
+        Route::Health => Ok(health(ports.telemetry)),
+        Route::Users if request.method == "POST" => create_user(request, ports),
+        Route::Users => Ok(list_users(ports)),
+        Route::User(id) => get_user(id, ports),
+        Route::Compute => compute(request, ports),
     }
 }
 
-fn health() -> Response {
+fn health(telemetry: &impl Telemetry) -> Response {
     #[derive(Serialize)]
     struct Health {
         status: &'static str,
         version: &'static str,
     }
+    telemetry.log(
+        Level::Info,
+        "health check",
+        &[("version", crate::VERSION.into())],
+    );
     Response::json(
         200,
         &Health {
@@ -61,34 +78,91 @@ fn health() -> Response {
     )
 }
 
-fn get_user(segment: &str, store: &impl UserStore) -> Result<Response, ApiError> {
-    let id = validation::user_id(segment).ok_or(ApiError::UserNotFound)?;
-    let user = store.get(&id).ok_or(ApiError::UserNotFound)?;
-    Ok(Response::json(200, &user))
+fn list_users<S: UserStore, C: Clock, T: Telemetry>(ports: &Ports<'_, S, C, T>) -> Response {
+    let span = ports.telemetry.span("users.list", &[]);
+    let users = ports.store.list();
+    let count = ("user.count", Value::Integer(users.len() as i64));
+    span.set_attribute(count.clone());
+    ports.telemetry.log(Level::Info, "listed users", &[count]);
+    Response::json(200, &users)
 }
 
-fn create_user(request: &Request<'_>, store: &impl UserStore) -> Result<Response, ApiError> {
-    let new_user = validation::new_user(&json_body(request)?)?;
-    let user = store
+fn get_user<S: UserStore, C: Clock, T: Telemetry>(
+    segment: &str,
+    ports: &Ports<'_, S, C, T>,
+) -> Result<Response, ApiError> {
+    // Only a canonical UUID is recorded: the raw segment is client input of any length.
+    let id = validation::user_id(segment);
+    let id_attribute = ("user.id", Value::from(id.as_deref().unwrap_or("invalid")));
+    let _span = ports.telemetry.span("users.get", &[id_attribute.clone()]);
+    ports
+        .telemetry
+        .log(Level::Info, "looking up user", &[id_attribute.clone()]);
+    match id.and_then(|id| ports.store.get(&id)) {
+        Some(user) => Ok(Response::json(200, &user)),
+        None => {
+            ports
+                .telemetry
+                .log(Level::Warn, "user not found", &[id_attribute]);
+            Err(ApiError::UserNotFound)
+        }
+    }
+}
+
+fn create_user<S: UserStore, C: Clock, T: Telemetry>(
+    request: &Request<'_>,
+    ports: &Ports<'_, S, C, T>,
+) -> Result<Response, ApiError> {
+    let span = ports.telemetry.span("users.create", &[]);
+    let new_user = json_body(request)
+        .and_then(|body| validation::new_user(&body))
+        .inspect_err(|error| log_rejection(ports.telemetry, "user creation", *error))?;
+    let user = ports
+        .store
         .create(&new_user.name, &new_user.email)
         .map_err(|error| match error {
             CreateError::DuplicateEmail => ApiError::DuplicateEmail,
             CreateError::StoreFull => ApiError::StoreFull,
-        })?;
+        })
+        .inspect_err(|error| log_rejection(ports.telemetry, "user creation", *error))?;
+    let id_attribute = ("user.id", Value::from(user.id.as_str()));
+    span.set_attribute(id_attribute.clone());
+    ports
+        .telemetry
+        .log(Level::Info, "user created", &[id_attribute]);
     Ok(Response::json(201, &user))
 }
 
-fn compute(request: &Request<'_>, clock: &impl Clock) -> Result<Response, ApiError> {
+fn compute<S: UserStore, C: Clock, T: Telemetry>(
+    request: &Request<'_>,
+    ports: &Ports<'_, S, C, T>,
+) -> Result<Response, ApiError> {
     #[derive(Serialize)]
     struct ComputeResult {
         input: u32,
         result: u64,
         duration_ms: u64,
     }
-    let n = validation::compute_n(&json_body(request)?)?;
-    let started = clock.now_nanos();
+    let n = json_body(request)
+        .and_then(|body| validation::compute_n(&body))
+        .inspect_err(|error| log_rejection(ports.telemetry, "compute", *error))?;
+    let n_attribute = ("compute.n", Value::Integer(n.into()));
+    let span = ports
+        .telemetry
+        .span("compute.fibonacci", &[n_attribute.clone()]);
+    ports
+        .telemetry
+        .log(Level::Info, "compute started", &[n_attribute.clone()]);
+    let started = ports.clock.now_nanos();
     let result = fibonacci::naive(std::hint::black_box(n));
-    let duration_ms = clock.now_nanos().saturating_sub(started) / 1_000_000;
+    let duration_ms = ports.clock.now_nanos().saturating_sub(started) / 1_000_000;
+    let duration_attribute = ("compute.duration_ms", Value::Integer(duration_ms as i64));
+    span.set_attribute(duration_attribute.clone());
+    ports.telemetry.log(
+        Level::Info,
+        "compute finished",
+        &[n_attribute, duration_attribute],
+    );
     Ok(Response::json(
         200,
         &ComputeResult {
@@ -97,6 +171,18 @@ fn compute(request: &Request<'_>, clock: &impl Clock) -> Result<Response, ApiErr
             duration_ms,
         },
     ))
+}
+
+/// Logs why a request body was refused, at `warn`: the client's mistake, not the service's.
+fn log_rejection(telemetry: &impl Telemetry, operation: &str, error: ApiError) {
+    let attributes = [
+        ("error", Value::from(error.message().as_str())),
+        (
+            "http.response.status_code",
+            Value::Integer(error.status().into()),
+        ),
+    ];
+    telemetry.log(Level::Warn, &format!("{operation} rejected"), &attributes);
 }
 
 /// The body of a `POST`, after the content-type (415) and JSON (400) checks.
@@ -116,7 +202,7 @@ mod tests {
     use serde_json::{Value, json};
 
     use super::*;
-    use crate::ports::User;
+    use crate::ports::{Attribute, User};
 
     /// An in-memory store with the host's rules: creation order, case-insensitive e-mails, a cap.
     struct FakeStore {
@@ -186,6 +272,86 @@ mod tests {
         }
     }
 
+    /// Records every span and log event the logic reports.
+    #[derive(Default)]
+    struct RecordingTelemetry {
+        events: RefCell<Vec<String>>,
+    }
+
+    struct RecordedSpan<'a> {
+        name: &'static str,
+        events: &'a RefCell<Vec<String>>,
+    }
+
+    impl<'a> Telemetry for &'a RecordingTelemetry {
+        type Span = RecordedSpan<'a>;
+        fn span(&self, name: &'static str, attributes: &[Attribute]) -> RecordedSpan<'a> {
+            self.events
+                .borrow_mut()
+                .push(format!("span {name} {attributes:?}"));
+            RecordedSpan {
+                name,
+                events: &self.events,
+            }
+        }
+        fn log(&self, level: Level, message: &str, attributes: &[Attribute]) {
+            self.events
+                .borrow_mut()
+                .push(format!("{level:?} {message} {attributes:?}"));
+        }
+    }
+
+    impl Span for RecordedSpan<'_> {
+        fn set_attribute(&self, attribute: Attribute) {
+            self.events
+                .borrow_mut()
+                .push(format!("set {} {attribute:?}", self.name));
+        }
+    }
+
+    impl Drop for RecordedSpan<'_> {
+        fn drop(&mut self) {
+            self.events.borrow_mut().push(format!("end {}", self.name));
+        }
+    }
+
+    fn run(request: &Request<'_>, store: &FakeStore) -> Response {
+        run_recorded(request, store).0
+    }
+
+    /// Runs a request and returns the response with what it reported, one line per event.
+    fn run_recorded(request: &Request<'_>, store: &FakeStore) -> (Response, Vec<String>) {
+        let telemetry = RecordingTelemetry::default();
+        let response = handle(
+            request,
+            &Ports {
+                store,
+                clock: &clock(),
+                telemetry: &&telemetry,
+            },
+        );
+        (response, telemetry.events.take())
+    }
+
+    fn post(target: &str, body: &str) -> Request<'static> {
+        let (target, body) = (target.to_string().leak(), body.to_string().leak());
+        Request {
+            method: "POST",
+            target,
+            content_type: Some("application/json"),
+            body: body.as_bytes(),
+        }
+    }
+
+    fn get(target: &str) -> Request<'static> {
+        Request {
+            method: "GET",
+            target: target.to_string().leak(),
+            content_type: None,
+            body: b"",
+        }
+    }
+
     fn send(store: &FakeStore, method: &str, target: &str, body: Option<&str>) -> Response {
         let request = Request {
             method,
@@ -193,7 +359,7 @@ mod tests {
             content_type: body.map(|_| "application/json"),
             body: body.unwrap_or_default().as_bytes(),
         };
-        handle(&request, store, &clock())
+        run(&request, &store)
     }
 
     fn body(response: &Response) -> Value {
@@ -457,7 +623,7 @@ mod tests {
                 body: b"{}",
             };
             assert_error(
-                &handle(&request, &store, &clock()),
+                &run(&request, &store),
                 415,
                 "Content-Type must be application/json",
             );
@@ -468,7 +634,7 @@ mod tests {
             content_type: Some("application/json; charset=utf-8"),
             body: br#"{"n":1}"#,
         };
-        assert_eq!(handle(&with_charset, &store, &clock()).status, 200);
+        assert_eq!(run(&with_charset, &store).status, 200);
     }
 
     #[test]
@@ -490,28 +656,19 @@ mod tests {
             content_type,
             body: b"{",
         };
+        assert_eq!(run(&request("PUT", "/nope", None), &store).status, 404);
         assert_eq!(
-            handle(&request("PUT", "/nope", None), &store, &clock()).status,
-            404
-        );
-        assert_eq!(
-            handle(&request("PUT", "/api/compute", None), &store, &clock()).status,
+            run(&request("PUT", "/api/compute", None), &store).status,
             405
         );
         assert_eq!(
-            handle(
-                &request("POST", "/api/compute", Some("text/plain")),
-                &store,
-                &clock()
-            )
-            .status,
+            run(&request("POST", "/api/compute", Some("text/plain")), &store).status,
             415
         );
         assert_eq!(
-            handle(
+            run(
                 &request("POST", "/api/compute", Some("application/json")),
-                &store,
-                &clock()
+                &store
             )
             .status,
             400
@@ -534,5 +691,111 @@ mod tests {
             Some(r#"{"name":"","email":"a@x.io"}"#),
         );
         assert!(store.list().is_empty());
+    }
+
+    #[test]
+    fn health_logs_one_info_line() {
+        let (_, events) = run_recorded(&get("/api/health"), &FakeStore::new());
+        assert_eq!(events.len(), 1, "{events:?}");
+        assert!(events[0].starts_with("Info health check"), "{events:?}");
+    }
+
+    #[test]
+    fn listing_reports_a_users_list_span_with_the_count() {
+        let store = FakeStore::new();
+        run(
+            &post("/api/users", r#"{"name":"A","email":"a@x.io"}"#),
+            &store,
+        );
+        let (_, events) = run_recorded(&get("/api/users"), &store);
+        assert_eq!(
+            events,
+            [
+                "span users.list []",
+                r#"set users.list ("user.count", Integer(1))"#,
+                r#"Info listed users [("user.count", Integer(1))]"#,
+                "end users.list",
+            ]
+        );
+    }
+
+    #[test]
+    fn a_lookup_reports_its_user_id_and_a_miss_at_warn() {
+        let store = FakeStore::new();
+        let id = "6f1c3c1e-8a1b-4c2d-9e3f-0a1b2c3d4e5f";
+        let (_, events) = run_recorded(&get(&format!("/api/users/{}", id.to_uppercase())), &store);
+        let attribute = format!(r#"[("user.id", Text("{id}"))]"#);
+        assert_eq!(
+            events,
+            [
+                format!("span users.get {attribute}"),
+                format!("Info looking up user {attribute}"),
+                format!("Warn user not found {attribute}"),
+                "end users.get".to_string(),
+            ]
+        );
+    }
+
+    #[test]
+    fn a_lookup_with_a_malformed_id_never_reports_the_raw_input() {
+        let (_, events) = run_recorded(&get("/api/users/secret-garbage"), &FakeStore::new());
+        assert!(
+            events.iter().all(|event| !event.contains("secret-garbage")),
+            "{events:?}"
+        );
+        assert!(
+            events
+                .iter()
+                .any(|event| event.starts_with("Warn user not found"))
+        );
+    }
+
+    #[test]
+    fn a_creation_reports_a_users_create_span_with_the_new_id() {
+        let (response, events) = run_recorded(
+            &post("/api/users", r#"{"name":"A","email":"a@x.io"}"#),
+            &FakeStore::new(),
+        );
+        let id = body(&response)["id"].as_str().unwrap().to_string();
+        assert_eq!(
+            events,
+            [
+                "span users.create []".to_string(),
+                format!(r#"set users.create ("user.id", Text("{id}"))"#),
+                format!(r#"Info user created [("user.id", Text("{id}"))]"#),
+                "end users.create".to_string(),
+            ]
+        );
+    }
+
+    #[test]
+    fn a_validation_failure_is_logged_at_warn_with_its_message() {
+        let (_, events) = run_recorded(
+            &post("/api/users", r#"{"name":"A","email":"bad"}"#),
+            &FakeStore::new(),
+        );
+        assert!(
+            events
+                .iter()
+                .any(|event| event.starts_with("Warn user creation rejected")
+                    && event.contains("Invalid email format")
+                    && event.contains("Integer(400)")),
+            "{events:?}"
+        );
+    }
+
+    #[test]
+    fn compute_reports_its_span_timing_and_start_and_finish() {
+        let (_, events) = run_recorded(&post("/api/compute", r#"{"n":10}"#), &FakeStore::new());
+        assert_eq!(
+            events,
+            [
+                r#"span compute.fibonacci [("compute.n", Integer(10))]"#,
+                r#"Info compute started [("compute.n", Integer(10))]"#,
+                r#"set compute.fibonacci ("compute.duration_ms", Integer(7))"#,
+                r#"Info compute finished [("compute.n", Integer(10)), ("compute.duration_ms", Integer(7))]"#,
+                "end compute.fibonacci",
+            ]
+        );
     }
 }

@@ -40,3 +40,54 @@ pub trait Clock {
     /// Nanoseconds since an arbitrary, fixed origin.
     fn now_nanos(&self) -> u64;
 }
+
+/// Severity of a log event.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Level {
+    /// Fine detail.
+    Debug,
+    /// A normal event: a request served, a user created.
+    Info,
+    /// Something the client got wrong, or a miss.
+    Warn,
+}
+
+/// The value of a span or log attribute.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Value {
+    /// A string.
+    Text(String),
+    /// A signed integer.
+    Integer(i64),
+}
+
+/// A named attribute of a span or a log event.
+pub type Attribute = (&'static str, Value);
+
+impl From<&str> for Value {
+    fn from(text: &str) -> Value {
+        Value::Text(text.to_string())
+    }
+}
+
+impl From<i64> for Value {
+    fn from(number: i64) -> Value {
+        Value::Integer(number)
+    }
+}
+
+/// Spans and logs, recorded by the host under the request's span.
+pub trait Telemetry {
+    /// An open span; it ends when dropped.
+    type Span: Span;
+    /// Opens a child span of the innermost open span.
+    fn span(&self, name: &'static str, attributes: &[Attribute]) -> Self::Span;
+    /// Writes a log event inside the innermost open span.
+    fn log(&self, level: Level, message: &str, attributes: &[Attribute]);
+}
+
+/// An open span.
+pub trait Span {
+    /// Adds an attribute to the span.
+    fn set_attribute(&self, attribute: Attribute);
+}

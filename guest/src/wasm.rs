@@ -11,7 +11,7 @@ use wasi::http::types::{
 
 use crate::api;
 use crate::error::ApiError;
-use crate::ports::{Clock, CreateError, User, UserStore};
+use crate::ports::{self, Attribute, Clock, CreateError, Level, User, UserStore};
 use crate::response::Response;
 
 wit_bindgen::generate!({
@@ -33,7 +33,7 @@ wit_bindgen::generate!({
     },
 });
 
-use tutorial::service::users;
+use tutorial::service::{telemetry, users};
 
 struct Component;
 
@@ -57,7 +57,12 @@ impl exports::wasi::http::incoming_handler::Guest for Component {
                     content_type: content_type.as_deref(),
                     body: &body,
                 };
-                api::handle(&request, &HostUsers, &WasiClock)
+                let ports = api::Ports {
+                    store: &HostUsers,
+                    clock: &WasiClock,
+                    telemetry: &HostTelemetry,
+                };
+                api::handle(&request, &ports)
             }
             None => Response::from(ApiError::UnreadableBody),
         };
@@ -162,5 +167,46 @@ struct WasiClock;
 impl Clock for WasiClock {
     fn now_nanos(&self) -> u64 {
         wasi::clocks::monotonic_clock::now()
+    }
+}
+
+/// The host's telemetry, reached through the `telemetry` WIT interface.
+struct HostTelemetry;
+
+impl ports::Telemetry for HostTelemetry {
+    type Span = telemetry::Span;
+
+    fn span(&self, name: &'static str, attributes: &[Attribute]) -> telemetry::Span {
+        telemetry::Span::new(name, &to_wit(attributes))
+    }
+
+    fn log(&self, level: Level, message: &str, attributes: &[Attribute]) {
+        let level = match level {
+            Level::Debug => telemetry::Level::Debug,
+            Level::Info => telemetry::Level::Info,
+            Level::Warn => telemetry::Level::Warn,
+        };
+        telemetry::log(level, message, &to_wit(attributes));
+    }
+}
+
+impl ports::Span for telemetry::Span {
+    fn set_attribute(&self, attribute: Attribute) {
+        telemetry::Span::set_attribute(self, &attribute_to_wit(&attribute));
+    }
+}
+
+fn to_wit(attributes: &[Attribute]) -> Vec<telemetry::Attribute> {
+    attributes.iter().map(attribute_to_wit).collect()
+}
+
+fn attribute_to_wit((key, value): &Attribute) -> telemetry::Attribute {
+    let value = match value {
+        ports::Value::Text(text) => telemetry::Value::Text(text.clone()),
+        ports::Value::Integer(number) => telemetry::Value::Integer(*number),
+    };
+    telemetry::Attribute {
+        key: key.to_string(),
+        value,
     }
 }

@@ -1,21 +1,23 @@
 //! Host bindings for the service's WIT world (`wit/service.wit`): the one `bindgen!`.
 //!
 //! Every WASI interface maps onto wasmtime-wasi's and wasmtime-wasi-http's own bindings, so only
-//! the service's `users` interface is generated here.
+//! the service's own interfaces, `users` and `telemetry`, are generated here.
 #![allow(missing_docs)]
 
 wasmtime::component::bindgen!({
     path: "../wit",
     world: "tutorial:service/service",
+    imports: { default: trappable },
     exports: { default: async },
-    additional_derives: [PartialEq, Eq],
+    additional_derives: [PartialEq],
     with: {
         "wasi:http": wasmtime_wasi_http::p2::bindings::http,
         "wasi:io": wasmtime_wasi::p2::bindings::io,
         "wasi:cli": wasmtime_wasi::p2::bindings::cli,
         "wasi:clocks": wasmtime_wasi::p2::bindings::clocks,
         "wasi:random": wasmtime_wasi::p2::bindings::random,
+        "tutorial:service/telemetry.span": crate::telemetry::GuestSpan,
     },
 });
 
-pub use tutorial::service::users;
+pub use tutorial::service::{telemetry, users};

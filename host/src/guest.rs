@@ -2,20 +2,22 @@
 
 use std::path::Path;
 use std::sync::Arc;
+use std::time::Instant;
 
 use bytes::Bytes;
 use http_body_util::Full;
 use tokio::sync::oneshot;
+use tracing::Instrument;
 use wasmtime::component::{Component, HasSelf, Linker};
 use wasmtime::{Engine, Store};
 use wasmtime_wasi_http::WasiHttpView;
 use wasmtime_wasi_http::p2::bindings::http::types::Scheme;
 
-use crate::bindings::{ServicePre, users};
+use crate::bindings::{ServicePre, telemetry, users};
 use crate::error::{Error, one_line};
+use crate::metrics::Metrics;
 use crate::request_state::RequestState;
 use crate::responses::ResponseBody;
-use crate::user_store::UserStore;
 
 /// The wasm engine and the linker that provides the guest's imports. Built once per process.
 pub struct Runtime {
@@ -25,7 +27,7 @@ pub struct Runtime {
 
 impl Runtime {
     /// An engine and a linker with full WASI p2 (a Rust `std` guest imports `wasi:cli` and
-    /// friends beyond the proxy world), `wasi:http`, and the service's `users` interface.
+    /// friends beyond the proxy world), `wasi:http`, and the service's `users` and `telemetry`.
     pub fn new() -> Result<Runtime, Error> {
         let engine =
             Engine::new(&wasmtime::Config::new()).map_err(|e| Error::Runtime(one_line(e)))?;
@@ -34,6 +36,7 @@ impl Runtime {
             wasmtime_wasi::p2::add_to_linker_async(linker)?;
             wasmtime_wasi_http::p2::add_only_http_to_linker_async(linker)?;
             users::add_to_linker::<_, HasSelf<_>>(linker, |state| state)?;
+            telemetry::add_to_linker::<_, HasSelf<_>>(linker, |state| state)?;
             Ok(())
         };
         link(&mut linker).map_err(|e| Error::Runtime(one_line(e)))?;
@@ -68,12 +71,15 @@ impl Guest {
     ///
     /// The instance runs in its own task: once it has sent the response head it keeps going,
     /// streaming the body, while the caller returns the response to hyper.
+    /// The instance's task runs inside the caller's current span, so the guest's own spans and
+    /// logs nest under the request's.
     pub async fn handle(
         &self,
-        users: Arc<UserStore>,
+        state: RequestState,
         request: http::Request<Full<Bytes>>,
+        metrics: &Arc<Metrics>,
     ) -> Result<http::Response<ResponseBody>, Error> {
-        let mut store = Store::new(self.pre.engine(), RequestState::new(users));
+        let mut store = Store::new(self.pre.engine(), state);
         let (sender, receiver) = oneshot::channel();
         let setup = |store: &mut Store<RequestState>| -> wasmtime::Result<_> {
             let request = store
@@ -86,13 +92,19 @@ impl Guest {
         let (request, response_out) =
             setup(&mut store).map_err(|e| Error::GuestFailed(one_line(e)))?;
         let pre = self.pre.clone();
-        let task = tokio::spawn(async move {
-            let service = pre.instantiate_async(&mut store).await?;
-            service
-                .wasi_http_incoming_handler()
-                .call_handle(&mut store, request, response_out)
-                .await
-        });
+        let metrics = Arc::clone(metrics);
+        let task = tokio::spawn(
+            async move {
+                let started = Instant::now();
+                let service = pre.instantiate_async(&mut store).await?;
+                metrics.observe_instantiation(started.elapsed());
+                service
+                    .wasi_http_incoming_handler()
+                    .call_handle(&mut store, request, response_out)
+                    .await
+            }
+            .in_current_span(),
+        );
         match receiver.await {
             Ok(Ok(response)) => Ok(response),
             Ok(Err(code)) => Err(Error::GuestFailed(format!(

@@ -1,4 +1,4 @@
-//! Starts the host: configuration, logging, the guest, the listener, then serve until a signal.
+//! Starts the host: configuration, telemetry, the guest, the listener, then serve until a signal.
 
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -7,21 +7,22 @@ use anyhow::Context;
 use clap::Parser;
 use host::config::Config;
 use host::guest::Runtime;
+use host::instrument;
 use host::server::{self, App};
 use host::user_store::UserStore;
 use tokio::net::TcpListener;
 
-#[tokio::main]
-async fn main() -> ExitCode {
+fn main() -> ExitCode {
     let config = Config::parse();
-    tracing_subscriber::fmt()
-        .json()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .init();
-    match run(config).await {
+    let runtime = tokio::runtime::Runtime::new().expect("starting the tokio runtime");
+    // The exporter's batch task lives in the runtime, so telemetry starts inside it.
+    let telemetry = runtime.block_on(async { instrument::init(&config.log_file) });
+    let outcome = runtime.block_on(run(config));
+    // Flush spans and logs from this (blocking) thread while the runtime still runs the
+    // exporter's task; then let the runtime go.
+    drop(telemetry);
+    drop(runtime);
+    match outcome {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
             eprintln!("error: {error:#}");
@@ -31,7 +32,10 @@ async fn main() -> ExitCode {
 }
 
 async fn run(config: Config) -> anyhow::Result<()> {
+    let loading = std::time::Instant::now();
     let guest = Runtime::new()?.load(&config.guest)?;
+    let load_ms = loading.elapsed().as_millis() as u64;
+    tracing::info!(guest = %config.guest.display(), load_ms, "guest component loaded");
     let users = Arc::new(UserStore::new(config.max_users));
     let app = Arc::new(App::new(guest, users, config.max_body_bytes));
 
@@ -39,7 +43,7 @@ async fn run(config: Config) -> anyhow::Result<()> {
     let listener = TcpListener::bind(addr)
         .await
         .with_context(|| format!("cannot listen on {addr}"))?;
-    tracing::info!(guest = %config.guest.display(), "listening on http://{}", listener.local_addr()?);
+    tracing::info!("listening on http://{}", listener.local_addr()?);
 
     server::serve(listener, app, shutdown_signal()).await;
     tracing::info!("stopped");

@@ -6,7 +6,8 @@
 use std::time::Duration;
 
 use prometheus::{
-    Encoder, HistogramOpts, HistogramVec, IntCounterVec, Opts, Registry, TextEncoder,
+    Encoder, Histogram, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, Opts, Registry,
+    TextEncoder,
 };
 
 /// The `route` label of requests whose path matches no route.
@@ -17,11 +18,28 @@ const DURATION_BUCKETS: &[f64] = &[
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
 ];
 
+/// Guest instantiation buckets, in seconds: 10 µs to 100 ms.
+const INSTANTIATION_BUCKETS: &[f64] = &[
+    0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.1,
+];
+
+/// The `result` label values of `user_lookups_total`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LookupResult {
+    /// The user was found (200).
+    Success,
+    /// No such user, or an id that is not a UUID (404).
+    Failure,
+}
+
 /// The host's metrics, registered in a registry of their own.
 pub struct Metrics {
     registry: Registry,
     requests: IntCounterVec,
     request_duration: HistogramVec,
+    user_lookups: IntCounterVec,
+    users_stored: IntGauge,
+    guest_instantiation: Histogram,
 }
 
 impl Metrics {
@@ -45,12 +63,35 @@ impl Metrics {
             &["method", "route"],
         )
         .expect("metric definition is valid");
-        registry
-            .register(Box::new(requests.clone()))
-            .expect("names are unique");
-        registry
-            .register(Box::new(request_duration.clone()))
-            .expect("names are unique");
+        let user_lookups = IntCounterVec::new(
+            Opts::new("user_lookups_total", "User lookups by id, by result."),
+            &["result"],
+        )
+        .expect("metric definition is valid");
+        let users_stored = IntGauge::new("users_stored", "Users in the store.")
+            .expect("metric definition is valid");
+        let guest_instantiation = Histogram::with_opts(
+            HistogramOpts::new(
+                "guest_instantiation_seconds",
+                "Time to instantiate the guest component for one request.",
+            )
+            .buckets(INSTANTIATION_BUCKETS.to_vec()),
+        )
+        .expect("metric definition is valid");
+        let collectors: [Box<dyn prometheus::core::Collector>; 5] = [
+            Box::new(requests.clone()),
+            Box::new(request_duration.clone()),
+            Box::new(user_lookups.clone()),
+            Box::new(users_stored.clone()),
+            Box::new(guest_instantiation.clone()),
+        ];
+        for collector in collectors {
+            registry.register(collector).expect("names are unique");
+        }
+        // Both results exist from the start, so rates are defined before the first lookup.
+        for result in ["success", "failure"] {
+            user_lookups.with_label_values(&[result]);
+        }
         #[cfg(target_os = "linux")]
         registry
             .register(Box::new(
@@ -61,6 +102,9 @@ impl Metrics {
             registry,
             requests,
             request_duration,
+            user_lookups,
+            users_stored,
+            guest_instantiation,
         }
     }
 
@@ -81,8 +125,25 @@ impl Metrics {
             .observe(elapsed.as_secs_f64());
     }
 
-    /// Every metric in the Prometheus text exposition format.
-    pub fn render(&self) -> String {
+    /// Counts one lookup of a user by id.
+    pub fn observe_lookup(&self, result: LookupResult) {
+        let label = match result {
+            LookupResult::Success => "success",
+            LookupResult::Failure => "failure",
+        };
+        self.user_lookups.with_label_values(&[label]).inc();
+    }
+
+    /// Records how long one guest instantiation took.
+    pub fn observe_instantiation(&self, elapsed: Duration) {
+        self.guest_instantiation.observe(elapsed.as_secs_f64());
+    }
+
+    /// Every metric in the Prometheus text exposition format, with `users_stored` set to
+    /// `users_stored` (read from the store at scrape time, so it is never stale).
+    pub fn render(&self, users_stored: usize) -> String {
+        self.users_stored
+            .set(i64::try_from(users_stored).unwrap_or(i64::MAX));
         let mut text = Vec::new();
         TextEncoder::new()
             .encode(&self.registry.gather(), &mut text)
@@ -140,7 +201,7 @@ mod tests {
             200,
             Duration::from_millis(1),
         );
-        let text = metrics.render();
+        let text = metrics.render(0);
         assert!(
             text.contains(
                 r#"http_requests_total{method="GET",route="/api/health",status="200"} 2"#
@@ -156,9 +217,26 @@ mod tests {
         let custom = http::Method::from_bytes(b"BREW").unwrap();
         metrics.observe_request(&custom, UNMATCHED_ROUTE, 404, Duration::ZERO);
         assert!(
-            metrics.render().contains(
+            metrics.render(0).contains(
                 r#"http_requests_total{method="OTHER",route="unmatched",status="404"} 1"#
             )
         );
+    }
+
+    #[test]
+    fn lookups_are_counted_by_result_and_both_exist_from_the_start() {
+        let metrics = Metrics::new();
+        assert!(
+            metrics
+                .render(0)
+                .contains(r#"user_lookups_total{result="failure"} 0"#)
+        );
+        metrics.observe_lookup(LookupResult::Success);
+        let text = metrics.render(3);
+        assert!(
+            text.contains(r#"user_lookups_total{result="success"} 1"#),
+            "{text}"
+        );
+        assert!(text.contains("users_stored 3"), "{text}");
     }
 }

@@ -1,6 +1,7 @@
 //! What one request's wasm store holds, and so everything the guest can reach.
 //!
-//! The guest gets the `wasi:http` interfaces, clocks and randomness, and the `users` interface.
+//! The guest gets the `wasi:http` interfaces, clocks and randomness, and the service's `users`
+//! and `telemetry` interfaces.
 //! It gets no preopened directories, no environment, no arguments, no sockets and no outgoing
 //! HTTP: the WASI context is empty and outgoing requests are refused.
 
@@ -18,15 +19,19 @@ pub struct RequestState {
     wasi: WasiCtx,
     http: WasiHttpCtx,
     /// Resources (streams, requests, responses) the guest holds handles to.
-    table: ResourceTable,
+    pub(crate) table: ResourceTable,
     hooks: DenyOutgoingRequests,
     /// The shared store behind the `users` interface.
     pub(crate) users: Arc<UserStore>,
+    /// The request's server span: the parent of every span the guest opens.
+    pub(crate) request_span: tracing::Span,
+    /// The guest's spans still open, innermost last, by resource handle.
+    pub(crate) open_spans: Vec<(u32, tracing::Span)>,
 }
 
 impl RequestState {
-    /// A fresh state for one request, sharing the host's user store.
-    pub fn new(users: Arc<UserStore>) -> RequestState {
+    /// A fresh state for one request, sharing the host's user store, inside `request_span`.
+    pub fn new(users: Arc<UserStore>, request_span: tracing::Span) -> RequestState {
         let wasi = WasiCtx::builder()
             .allow_tcp(false)
             .allow_udp(false)
@@ -38,6 +43,8 @@ impl RequestState {
             table: ResourceTable::new(),
             hooks: DenyOutgoingRequests,
             users,
+            request_span,
+            open_spans: Vec::new(),
         }
     }
 }

@@ -8,6 +8,8 @@ use http::Method;
 
 /// The host's own metrics endpoint.
 pub const METRICS_PATH: &str = "/metrics";
+/// The template of a lookup by id, whose answers count as lookup successes and failures.
+pub const USER_BY_ID: &str = "/api/users/{id}";
 
 /// A route template and the methods its endpoint answers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -54,7 +56,7 @@ pub const ROUTES: &[Route] = &[
 /// The route a request path (without its query) belongs to, if any.
 pub fn find(path: &str) -> Option<&'static Route> {
     let template = match path.strip_prefix("/api/users/") {
-        Some(id) if !id.is_empty() && !id.contains('/') => "/api/users/{id}",
+        Some(id) if !id.is_empty() && !id.contains('/') => USER_BY_ID,
         _ => path,
     };
     ROUTES.iter().find(|route| route.template == template)

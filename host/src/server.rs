@@ -2,7 +2,7 @@
 //!
 //! For every request the host, in order: gives it a request id, serves `/metrics` itself,
 //! bounds the body (413 before the guest runs), runs the guest in a fresh instance, turns a
-//! failed guest into a 500, and counts the answer. The guest decides everything else.
+//! failed guest into a 500, and traces, logs and counts the answer. The guest decides everything else.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -18,9 +18,12 @@ use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
 use hyper_util::server::graceful::GracefulShutdown;
 use tokio::net::TcpListener;
+use tracing::Instrument;
 
 use crate::guest::Guest;
-use crate::metrics::{self, Metrics};
+use crate::instrument;
+use crate::metrics::{self, LookupResult, Metrics};
+use crate::request_state::RequestState;
 use crate::responses::{self, ResponseBody};
 use crate::routes::{self, Route};
 use crate::user_store::UserStore;
@@ -36,7 +39,7 @@ pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 pub struct App {
     guest: Guest,
     users: Arc<UserStore>,
-    metrics: Metrics,
+    metrics: Arc<Metrics>,
     max_body_bytes: usize,
 }
 
@@ -46,7 +49,7 @@ impl App {
         App {
             guest,
             users,
-            metrics: Metrics::new(),
+            metrics: Arc::new(Metrics::new()),
             max_body_bytes,
         }
     }
@@ -57,15 +60,38 @@ impl App {
         let request_id = request_id(request.headers());
         let method = request.method().clone();
         let route = routes::find(request.uri().path());
-        let mut response = self.respond(request, route, &request_id).await;
-        response.headers_mut().insert(REQUEST_ID, request_id);
         let route_label = route.map_or(metrics::UNMATCHED_ROUTE, |route| route.template);
-        self.metrics.observe_request(
+        let span = instrument::request_span(
             &method,
             route_label,
-            response.status().as_u16(),
-            started.elapsed(),
+            request.uri().path(),
+            request_id.to_str().unwrap_or_default(),
+            request.headers(),
         );
+        let mut response = self
+            .respond(request, route, &request_id, &span)
+            .instrument(span.clone())
+            .await;
+        response.headers_mut().insert(REQUEST_ID, request_id);
+
+        let status = response.status().as_u16();
+        instrument::record_status(&span, status);
+        span.in_scope(|| {
+            if status >= 500 {
+                tracing::error!(status, "request failed");
+            } else if status >= 400 {
+                tracing::warn!(status, "request refused");
+            }
+        });
+        if route_label == routes::USER_BY_ID && (method == Method::GET || method == Method::HEAD) {
+            match status {
+                200 => self.metrics.observe_lookup(LookupResult::Success),
+                404 => self.metrics.observe_lookup(LookupResult::Failure),
+                _ => {}
+            }
+        }
+        self.metrics
+            .observe_request(&method, route_label, status, started.elapsed());
         response
     }
 
@@ -74,6 +100,7 @@ impl App {
         request: Request<Incoming>,
         route: Option<&'static Route>,
         request_id: &HeaderValue,
+        span: &tracing::Span,
     ) -> Response<ResponseBody> {
         if let Some(route) = route.filter(|route| route.template == routes::METRICS_PATH) {
             return self.metrics_page(request.method(), route);
@@ -102,10 +129,11 @@ impl App {
                 .insert(header::HOST, HeaderValue::from_static("localhost"));
         }
         let request = Request::from_parts(parts, Full::new(body));
-        match self.guest.handle(Arc::clone(&self.users), request).await {
+        let state = RequestState::new(Arc::clone(&self.users), span.clone());
+        match self.guest.handle(state, request, &self.metrics).await {
             Ok(response) => response,
             Err(error) => {
-                tracing::error!(request_id = ?request_id, %error, "guest failed; answering 500");
+                tracing::error!(%error, "guest failed; answering 500");
                 responses::error(StatusCode::INTERNAL_SERVER_ERROR, responses::INTERNAL_ERROR)
             }
         }
@@ -115,7 +143,8 @@ impl App {
         if !route.allows(method) {
             return responses::method_not_allowed(route.methods);
         }
-        responses::full(StatusCode::OK, metrics::CONTENT_TYPE, self.metrics.render())
+        let page = self.metrics.render(self.users.len());
+        responses::full(StatusCode::OK, metrics::CONTENT_TYPE, page)
     }
 }
 

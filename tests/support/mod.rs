@@ -2,6 +2,9 @@
 
 #![allow(dead_code)] // Each test file uses its own part of this module.
 
+pub mod jaeger;
+pub mod prometheus;
+
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -60,17 +63,42 @@ impl Host {
         Host::start_with(&guest_path("guest"), &[])
     }
 
-    /// The host serving `guest`, with extra environment variables.
+    /// The host serving `guest`, with extra environment variables. It reports its address in
+    /// its start-up log line, so `RUST_LOG` must let `info` through.
     pub fn start_with(guest: &Path, env: &[(&str, &str)]) -> Host {
+        Host::spawn(guest, 0, env)
+    }
+
+    /// The host serving the real guest on a port picked here, for runs whose log level hides
+    /// the start-up line; ready once it accepts connections.
+    pub fn start_on_free_port(env: &[(&str, &str)]) -> Host {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        Host::spawn(&guest_path("guest"), port, env)
+    }
+
+    fn spawn(guest: &Path, port: u16, env: &[(&str, &str)]) -> Host {
         let mut command = Command::new(env!("CARGO_BIN_EXE_host"));
         for var in CONFIG_VARS {
             command.env_remove(var);
         }
         let log_dir = tempdir();
         command
-            .args(["--bind", "127.0.0.1", "--port", "0", "--guest"])
+            .args([
+                "--bind",
+                "127.0.0.1",
+                "--port",
+                &port.to_string(),
+                "--guest",
+            ])
             .arg(guest)
             .env("LOG_FILE", log_dir.join("app.log"))
+            // No agent listens here unless a test sets its own port.
+            .env("OTEL_EXPORTER_JAEGER_AGENT_HOST", "127.0.0.1")
+            .env("OTEL_EXPORTER_JAEGER_AGENT_PORT", "9")
             .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
@@ -93,14 +121,19 @@ impl Host {
                 lines.lock().unwrap().push(line);
             }
         });
-        let address = match address_rx.recv_timeout(START_TIMEOUT) {
-            Ok(address) => address,
-            Err(_) => {
-                let _ = child.kill();
-                panic!(
-                    "host did not report its address; stdout: {:?}",
-                    stdout.lock().unwrap()
-                );
+        let address = if port != 0 {
+            wait_until_accepting(port);
+            format!("127.0.0.1:{port}")
+        } else {
+            match address_rx.recv_timeout(START_TIMEOUT) {
+                Ok(address) => address,
+                Err(_) => {
+                    let _ = child.kill();
+                    panic!(
+                        "host did not report its address; stdout: {:?}",
+                        stdout.lock().unwrap()
+                    );
+                }
             }
         };
         Host {
@@ -108,6 +141,40 @@ impl Host {
             base_url: format!("http://{address}"),
             stdout,
         }
+    }
+
+    /// Every stdout line so far that is a JSON object.
+    pub fn log_lines(&self) -> Vec<serde_json::Value> {
+        self.stdout
+            .lock()
+            .unwrap()
+            .iter()
+            .filter_map(|line| serde_json::from_str(line).ok())
+            .collect()
+    }
+
+    /// Waits until some stdout line satisfies `found`, or panics after 10 s.
+    pub fn wait_for_log(&self, found: impl Fn(&serde_json::Value) -> bool) -> serde_json::Value {
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Some(line) = self.log_lines().into_iter().find(|line| found(line)) {
+                return line;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "no such log line in {:#?}",
+                self.log_lines()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Sends SIGTERM and waits for the exit status.
+    pub fn terminate(&mut self) -> std::process::ExitStatus {
+        let _ = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status();
+        self.child.wait().unwrap()
     }
 
     /// The absolute URL of `path`.
@@ -130,6 +197,17 @@ impl Drop for Host {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+    }
+}
+
+fn wait_until_accepting(port: u16) {
+    let deadline = std::time::Instant::now() + START_TIMEOUT;
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "host never accepted on port {port}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
     }
 }
 

@@ -1,0 +1,198 @@
+//! Telemetry set-up and the request's server span: the one place that names spans and their
+//! fields, installs the exporter and the log writers, and flushes them at shutdown.
+//!
+//! Spans go to a Jaeger agent over UDP (batched, off the request path); log lines go, as JSON,
+//! to stdout and to the log file through non-blocking writers. `RUST_LOG` filters the logs only:
+//! spans are exported whatever the log level.
+
+use std::io::Write;
+use std::path::Path;
+
+use http::{HeaderMap, Method};
+use opentelemetry::propagation::Extractor;
+use opentelemetry::trace::{TraceContextExt, TracerProvider as _};
+use opentelemetry_sdk::propagation::TraceContextPropagator;
+use tracing::field::Empty;
+use tracing_appender::non_blocking::WorkerGuard;
+use tracing_opentelemetry::OpenTelemetrySpanExt;
+use tracing_subscriber::Layer;
+use tracing_subscriber::filter::{EnvFilter, FilterExt, filter_fn};
+use tracing_subscriber::fmt::format::JsonFields;
+use tracing_subscriber::fmt::writer::MakeWriterExt;
+use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::util::SubscriberInitExt;
+
+use crate::logs::JsonLines;
+
+/// The service name reported with every span unless `OTEL_SERVICE_NAME` says otherwise.
+pub const DEFAULT_SERVICE_NAME: &str = "tutorial-service";
+/// The Jaeger agent's host unless `OTEL_EXPORTER_JAEGER_AGENT_HOST` says otherwise.
+pub const DEFAULT_AGENT_HOST: &str = "localhost";
+/// The Jaeger agent's UDP port unless `OTEL_EXPORTER_JAEGER_AGENT_PORT` says otherwise.
+pub const DEFAULT_AGENT_PORT: &str = "6831";
+/// Longest `url.path` recorded on a span: a span must fit in one UDP packet to the agent.
+const MAX_RECORDED_PATH: usize = 1024;
+
+/// Keeps the log writers and the span exporter alive; dropping it flushes both.
+///
+/// Drop it from a blocking context (not a runtime worker): the exporter's shutdown blocks on
+/// the batch task's last export.
+#[must_use = "dropping the guard stops logging and tracing"]
+pub struct TelemetryGuard {
+    _log_writers: Vec<WorkerGuard>,
+}
+
+impl Drop for TelemetryGuard {
+    fn drop(&mut self) {
+        opentelemetry::global::shutdown_tracer_provider();
+    }
+}
+
+/// Installs logging (stdout and `log_file`) and span export. Never fails: a log file that
+/// cannot be opened or an exporter that cannot start is one warning, and the service runs on.
+/// Must run inside the tokio runtime (the exporter's batch task lives there).
+pub fn init(log_file: &Path) -> TelemetryGuard {
+    let (stdout, stdout_guard) = tracing_appender::non_blocking(std::io::stdout());
+    let (file_target, file_error): (Box<dyn Write + Send>, _) = match open_append(log_file) {
+        Ok(file) => (Box::new(file), None),
+        Err(error) => (Box::new(std::io::sink()), Some(error)),
+    };
+    let (file, file_guard) = tracing_appender::non_blocking(file_target);
+    let log_level = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    // Spans stay enabled whatever the level, so a WARN line still carries its request's fields.
+    let log_level = log_level.or(filter_fn(|metadata| metadata.is_span()));
+    let logs = tracing_subscriber::fmt::layer()
+        .event_format(JsonLines)
+        .fmt_fields(JsonFields::new())
+        .with_writer(stdout.and(file))
+        .with_filter(log_level);
+
+    opentelemetry::global::set_text_map_propagator(TraceContextPropagator::new());
+    // An unreachable agent must cost nothing: its send errors are not worth a line each.
+    let _ = opentelemetry::global::set_error_handler(|_| {});
+    let (tracer, exporter_error) = match jaeger_tracer() {
+        Ok(tracer) => (Some(tracer), None),
+        Err(error) => (None, Some(error)),
+    };
+    let spans = tracer.map(|tracer| {
+        tracing_opentelemetry::layer()
+            .with_tracer(tracer)
+            .with_filter(filter_fn(|metadata| {
+                metadata.is_span() && *metadata.level() <= tracing::Level::INFO
+            }))
+    });
+    tracing_subscriber::registry().with(logs).with(spans).init();
+
+    if let Some(error) = file_error {
+        tracing::warn!(path = %log_file.display(), %error, "cannot write the log file; logging to stdout only");
+    }
+    if let Some(error) = exporter_error {
+        tracing::warn!(%error, "cannot start the span exporter; spans are not exported");
+    }
+    TelemetryGuard {
+        _log_writers: vec![stdout_guard, file_guard],
+    }
+}
+
+fn open_append(path: &Path) -> std::io::Result<std::fs::File> {
+    if let Some(dir) = path.parent().filter(|dir| !dir.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir)?;
+    }
+    std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+}
+
+fn jaeger_tracer() -> Result<opentelemetry_sdk::trace::Tracer, opentelemetry::trace::TraceError> {
+    let env = |name: &str, default: &str| {
+        std::env::var(name)
+            .ok()
+            .filter(|v| !v.is_empty())
+            .unwrap_or_else(|| default.into())
+    };
+    let service_name = env("OTEL_SERVICE_NAME", DEFAULT_SERVICE_NAME);
+    let host = env("OTEL_EXPORTER_JAEGER_AGENT_HOST", DEFAULT_AGENT_HOST);
+    let port = env("OTEL_EXPORTER_JAEGER_AGENT_PORT", DEFAULT_AGENT_PORT);
+    // The agent exporter is deprecated upstream in favour of OTLP, but the contract (and the
+    // Jaeger all-in-one users run) speak the agent's UDP protocol; allow that one warning here.
+    #[allow(deprecated)]
+    let exporter = opentelemetry_jaeger::new_agent_pipeline()
+        .with_endpoint(format!("{host}:{port}"))
+        .with_service_name(service_name)
+        // Without splitting, a batch over the 65,000-byte UDP limit is dropped whole.
+        .with_auto_split_batch(true)
+        // The exporter's async agent client hands tokio a blocking UDP socket (tokio asserts
+        // against that); the sync client sends from the batch task, and a UDP send never waits.
+        .build_sync_agent_exporter()?;
+    let provider = opentelemetry_sdk::trace::TracerProvider::builder()
+        .with_batch_exporter(exporter, opentelemetry_sdk::runtime::Tokio)
+        .build();
+    let tracer = provider.tracer("host");
+    opentelemetry::global::set_tracer_provider(provider);
+    Ok(tracer)
+}
+
+/// The server span of one request, named `HTTP <METHOD> <route>`, continuing the caller's trace
+/// when the request carries a W3C `traceparent`.
+pub fn request_span(
+    method: &Method,
+    route: &str,
+    path: &str,
+    request_id: &str,
+    headers: &HeaderMap,
+) -> tracing::Span {
+    let path = truncate(path, MAX_RECORDED_PATH);
+    let span = tracing::info_span!(
+        "request",
+        otel.name = format!("HTTP {method} {route}"),
+        otel.kind = "server",
+        otel.status_code = Empty,
+        http.request.method = %method,
+        http.route = route,
+        url.path = path,
+        http.response.status_code = Empty,
+        request_id,
+        trace_id = Empty,
+        span_id = Empty,
+    );
+    let caller = opentelemetry::global::get_text_map_propagator(|propagator| {
+        propagator.extract(&HeaderExtractor(headers))
+    });
+    span.set_parent(caller);
+    let context = span.context();
+    let span_context = context.span().span_context().clone();
+    if span_context.is_valid() {
+        span.record("trace_id", span_context.trace_id().to_string());
+        span.record("span_id", span_context.span_id().to_string());
+    }
+    span
+}
+
+/// Records the response status on the request span; a 5xx marks the span as an error.
+pub fn record_status(span: &tracing::Span, status: u16) {
+    // As an integer attribute: tracing-opentelemetry would record a `u16`'s u64 as text.
+    span.record("http.response.status_code", i64::from(status));
+    if status >= 500 {
+        span.record("otel.status_code", "ERROR");
+    }
+}
+
+fn truncate(text: &str, max: usize) -> &str {
+    let mut end = text.len().min(max);
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    &text[..end]
+}
+
+struct HeaderExtractor<'a>(&'a HeaderMap);
+
+impl Extractor for HeaderExtractor<'_> {
+    fn get(&self, key: &str) -> Option<&str> {
+        self.0.get(key).and_then(|value| value.to_str().ok())
+    }
+    fn keys(&self) -> Vec<&str> {
+        self.0.keys().map(http::HeaderName::as_str).collect()
+    }
+}

@@ -1,0 +1,62 @@
+//! `/metrics` parsed with a real Prometheus text-format parser (`openmetrics-parser`).
+
+use std::collections::HashMap;
+
+use openmetrics_parser::PrometheusValue;
+
+/// One counter, gauge or untyped sample: metric name, labels, value.
+#[derive(Debug, Clone)]
+pub struct Sample {
+    /// The metric family's name.
+    pub name: String,
+    /// Label names and values.
+    pub labels: HashMap<String, String>,
+    /// The value.
+    pub value: f64,
+}
+
+/// Every counter, gauge and untyped sample of a scrape; panics if the text does not parse.
+pub fn parse(text: &str) -> Vec<Sample> {
+    let exposition =
+        openmetrics_parser::prometheus::parse_prometheus(text).unwrap_or_else(|error| {
+            panic!("/metrics is not valid Prometheus text ({error:?}):\n{text}")
+        });
+    let mut samples = Vec::new();
+    for (name, family) in &exposition.families {
+        for sample in family.iter_samples() {
+            let value = match &sample.value {
+                PrometheusValue::Counter(counter) => counter.value.as_f64(),
+                PrometheusValue::Gauge(number) | PrometheusValue::Unknown(number) => {
+                    number.as_f64()
+                }
+                PrometheusValue::Histogram(_) | PrometheusValue::Summary(_) => continue,
+            };
+            let labels = sample
+                .get_labelset()
+                .expect("labels parse")
+                .iter()
+                .map(|(name, value)| (name.clone(), value.clone()))
+                .collect();
+            samples.push(Sample {
+                name: name.clone(),
+                labels,
+                value,
+            });
+        }
+    }
+    samples
+}
+
+/// The value of the sample `name` with exactly `labels`, or 0 when there is none yet.
+pub fn value(samples: &[Sample], name: &str, labels: &[(&str, &str)]) -> f64 {
+    samples
+        .iter()
+        .find(|sample| {
+            sample.name == name
+                && sample.labels.len() == labels.len()
+                && labels
+                    .iter()
+                    .all(|(key, value)| sample.labels.get(*key).map(String::as_str) == Some(*value))
+        })
+        .map_or(0.0, |sample| sample.value)
+}

@@ -1,0 +1,533 @@
+//! End-to-end tests of the telemetry the host owns: spans received by a real UDP listener and
+//! decoded as Jaeger Thrift, JSON log lines on stdout and in the log file, and `/metrics` parsed
+//! as Prometheus text.
+
+mod support;
+
+use std::collections::{HashMap, HashSet};
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use support::jaeger::{Agent, Span};
+use support::{Host, client, guest_path};
+
+/// A host whose spans go to `agent`, exported every 100 ms, under `service_name`.
+fn traced_host(agent: &Agent, service_name: &str) -> Host {
+    let port = agent.port.to_string();
+    Host::start_with(
+        &guest_path("guest"),
+        &[
+            ("OTEL_SERVICE_NAME", service_name),
+            ("OTEL_EXPORTER_JAEGER_AGENT_HOST", "127.0.0.1"),
+            ("OTEL_EXPORTER_JAEGER_AGENT_PORT", &port),
+            ("OTEL_BSP_SCHEDULE_DELAY", "100"),
+        ],
+    )
+}
+
+fn server_span_for<'a>(spans: &'a [Span], request_id: &str) -> Vec<&'a Span> {
+    spans
+        .iter()
+        .filter(|span| {
+            span.str_tag("span.kind") == Some("server")
+                && span.str_tag("request_id") == Some(request_id)
+        })
+        .collect()
+}
+
+async fn get_with_id(host: &Host, path: &str, request_id: &str) -> reqwest::Response {
+    client()
+        .get(host.url(path))
+        .header("x-request-id", request_id)
+        .send()
+        .await
+        .unwrap()
+}
+
+async fn post_with_id(host: &Host, path: &str, request_id: &str, body: Value) -> reqwest::Response {
+    client()
+        .post(host.url(path))
+        .header("x-request-id", request_id)
+        .json(&body)
+        .send()
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn every_request_gets_one_server_span_under_the_configured_service_name() {
+    let mut agent = Agent::start();
+    let host = traced_host(&agent, "telemetry-test-service");
+    let requests = [
+        ("/api/health", "span-a"),
+        ("/metrics", "span-b"),
+        ("/nowhere", "span-c"),
+    ];
+    for (path, id) in requests {
+        get_with_id(&host, path, id).await;
+    }
+    let spans = agent.wait_for(|spans| {
+        requests
+            .iter()
+            .all(|(_, id)| !server_span_for(spans, id).is_empty())
+    });
+    assert!(
+        agent
+            .batches()
+            .iter()
+            .all(|batch| batch.service_name == "telemetry-test-service")
+    );
+
+    // Let any duplicate arrive before counting.
+    std::thread::sleep(Duration::from_millis(300));
+    let spans = [spans, agent.wait_for(|_| true)].concat();
+    let names: HashMap<&str, &str> = [
+        ("span-a", "HTTP GET /api/health"),
+        ("span-b", "HTTP GET /metrics"),
+        ("span-c", "HTTP GET unmatched"),
+    ]
+    .into();
+    for (path, id) in requests {
+        let unique: HashSet<u64> = server_span_for(&spans, id)
+            .iter()
+            .map(|span| span.span_id)
+            .collect();
+        assert_eq!(unique.len(), 1, "{id}");
+        let span = server_span_for(&spans, id)[0];
+        assert_eq!(span.operation_name, names[id]);
+        assert_eq!(span.str_tag("http.request.method"), Some("GET"));
+        assert_eq!(span.str_tag("url.path"), Some(path));
+        assert!(span.long_tag("http.response.status_code").is_some());
+    }
+    let health = server_span_for(&spans, "span-a")[0];
+    assert_eq!(health.str_tag("http.route"), Some("/api/health"));
+    assert_eq!(health.long_tag("http.response.status_code"), Some(200));
+}
+
+#[tokio::test]
+async fn the_guest_spans_are_children_of_the_request_span_with_their_attributes() {
+    let mut agent = Agent::start();
+    let host = traced_host(&agent, "tutorial-service");
+    let created: Value = post_with_id(
+        &host,
+        "/api/users",
+        "create-1",
+        json!({"name": "A", "email": "a@x.io"}),
+    )
+    .await
+    .json()
+    .await
+    .unwrap();
+    let user_id = created["id"].as_str().unwrap().to_string();
+    get_with_id(&host, &format!("/api/users/{user_id}"), "get-1").await;
+    get_with_id(&host, "/api/users", "list-1").await;
+    post_with_id(&host, "/api/compute", "compute-1", json!({"n": 15})).await;
+
+    let expected = [
+        ("create-1", "users.create"),
+        ("get-1", "users.get"),
+        ("list-1", "users.list"),
+        ("compute-1", "compute.fibonacci"),
+    ];
+    let child_of = |spans: &[Span], request_id: &str, name: &str| -> Option<Span> {
+        let parent = server_span_for(spans, request_id).first().copied()?;
+        spans
+            .iter()
+            .find(|span| {
+                span.operation_name == name
+                    && span.parent_span_id == parent.span_id
+                    && span.trace_id == parent.trace_id
+            })
+            .cloned()
+    };
+    let spans = agent.wait_for(|spans| {
+        expected
+            .iter()
+            .all(|(id, name)| child_of(spans, id, name).is_some())
+    });
+
+    let create = child_of(&spans, "create-1", "users.create").unwrap();
+    assert_eq!(create.str_tag("user.id"), Some(user_id.as_str()));
+    let get = child_of(&spans, "get-1", "users.get").unwrap();
+    assert_eq!(get.str_tag("user.id"), Some(user_id.as_str()));
+    let list = child_of(&spans, "list-1", "users.list").unwrap();
+    assert_eq!(list.long_tag("user.count"), Some(1));
+    let compute = child_of(&spans, "compute-1", "compute.fibonacci").unwrap();
+    assert_eq!(compute.long_tag("compute.n"), Some(15));
+    assert!(compute.long_tag("compute.duration_ms").is_some());
+}
+
+#[tokio::test]
+async fn error_responses_record_their_status_on_the_span() {
+    let mut agent = Agent::start();
+    let host = traced_host(&agent, "tutorial-service");
+    get_with_id(&host, "/api/users/not-a-uuid", "miss-1").await;
+    post_with_id(
+        &host,
+        "/api/users",
+        "bad-1",
+        json!({"name": "A", "email": "nope"}),
+    )
+    .await;
+    let spans = agent.wait_for(|spans| {
+        !server_span_for(spans, "miss-1").is_empty() && !server_span_for(spans, "bad-1").is_empty()
+    });
+    assert_eq!(
+        server_span_for(&spans, "miss-1")[0].long_tag("http.response.status_code"),
+        Some(404)
+    );
+    assert_eq!(
+        server_span_for(&spans, "bad-1")[0].long_tag("http.response.status_code"),
+        Some(400)
+    );
+}
+
+#[tokio::test]
+async fn a_5xx_marks_the_request_span_as_an_error() {
+    let mut agent = Agent::start();
+    let port = agent.port.to_string();
+    let host = Host::start_with(
+        &guest_path("panicking-guest"),
+        &[
+            ("OTEL_EXPORTER_JAEGER_AGENT_PORT", &port),
+            ("OTEL_BSP_SCHEDULE_DELAY", "100"),
+        ],
+    );
+    get_with_id(&host, "/api/health", "boom-1").await;
+    let spans = agent.wait_for(|spans| !server_span_for(spans, "boom-1").is_empty());
+    let span = server_span_for(&spans, "boom-1")[0];
+    assert_eq!(span.long_tag("http.response.status_code"), Some(500));
+    assert_eq!(
+        span.tag("error"),
+        Some(&support::jaeger::TagValue::Bool(true))
+    );
+}
+
+#[tokio::test]
+async fn an_incoming_traceparent_continues_the_callers_trace() {
+    let mut agent = Agent::start();
+    let host = traced_host(&agent, "tutorial-service");
+    client()
+        .get(host.url("/api/health"))
+        .header("x-request-id", "continued-1")
+        .header(
+            "traceparent",
+            "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+        )
+        .send()
+        .await
+        .unwrap();
+    let spans = agent.wait_for(|spans| !server_span_for(spans, "continued-1").is_empty());
+    let span = server_span_for(&spans, "continued-1")[0];
+    assert_eq!(span.trace_id, 0x0af7651916cd43dd8448eb211c80319c);
+    assert_eq!(span.parent_span_id, 0xb7ad6b7169203331);
+}
+
+#[tokio::test]
+async fn log_lines_are_json_and_carry_the_request_id_and_trace_id() {
+    let host = Host::start();
+    get_with_id(&host, "/api/health", "log-me-1").await;
+    get_with_id(
+        &host,
+        "/api/users/00000000-0000-4000-8000-000000000000",
+        "log-me-2",
+    )
+    .await;
+
+    let health = host.wait_for_log(|line| line["request_id"] == "log-me-1");
+    for field in [
+        "timestamp",
+        "level",
+        "message",
+        "target",
+        "trace_id",
+        "span_id",
+    ] {
+        assert!(health[field].is_string(), "{field} missing in {health}");
+    }
+    assert_eq!(health["level"], "INFO");
+    assert_eq!(health["http.request.method"], "GET");
+    assert_eq!(health["http.route"], "/api/health");
+    let health_lines: Vec<Value> = host
+        .log_lines()
+        .into_iter()
+        .filter(|l| l["request_id"] == "log-me-1")
+        .collect();
+    assert_eq!(
+        health_lines.iter().filter(|l| l["level"] == "INFO").count(),
+        1,
+        "{health_lines:#?}"
+    );
+
+    // A miss is logged at WARN, and the error response with its status and context.
+    host.wait_for_log(|line| {
+        line["request_id"] == "log-me-2"
+            && line["message"] == "user not found"
+            && line["level"] == "WARN"
+    });
+    let refused = host.wait_for_log(|line| {
+        line["request_id"] == "log-me-2" && line["message"] == "request refused"
+    });
+    assert_eq!(refused["status"], 404);
+    assert_eq!(refused["http.route"], "/api/users/{id}");
+    assert!(refused["trace_id"].is_string());
+}
+
+#[tokio::test]
+async fn creations_computations_and_validation_failures_are_logged() {
+    let host = Host::start();
+    post_with_id(
+        &host,
+        "/api/users",
+        "c-1",
+        json!({"name": "A", "email": "a@x.io"}),
+    )
+    .await;
+    post_with_id(
+        &host,
+        "/api/users",
+        "c-2",
+        json!({"name": "A", "email": "broken"}),
+    )
+    .await;
+    post_with_id(&host, "/api/compute", "c-3", json!({"n": 12})).await;
+    get_with_id(&host, "/api/users", "c-4").await;
+
+    let created =
+        host.wait_for_log(|line| line["request_id"] == "c-1" && line["message"] == "user created");
+    assert!(created["user.id"].is_string());
+    let rejected = host.wait_for_log(|line| {
+        line["request_id"] == "c-2"
+            && line["level"] == "WARN"
+            && line["message"] == "user creation rejected"
+    });
+    assert_eq!(rejected["error"], "Invalid email format");
+    host.wait_for_log(|line| {
+        line["request_id"] == "c-3"
+            && line["message"] == "compute started"
+            && line["compute.n"] == 12
+    });
+    let finished = host
+        .wait_for_log(|line| line["request_id"] == "c-3" && line["message"] == "compute finished");
+    assert!(finished["compute.duration_ms"].is_i64());
+    let listed =
+        host.wait_for_log(|line| line["request_id"] == "c-4" && line["message"] == "listed users");
+    assert_eq!(listed["user.count"], 1);
+}
+
+#[tokio::test]
+async fn rust_log_warn_hides_every_info_line() {
+    let host = Host::start_on_free_port(&[("RUST_LOG", "warn")]);
+    get_with_id(&host, "/api/health", "quiet-1").await;
+    get_with_id(&host, "/api/users/nope", "quiet-2").await;
+    host.wait_for_log(|line| line["request_id"] == "quiet-2" && line["level"] == "WARN");
+    let lines = host.log_lines();
+    assert!(
+        lines
+            .iter()
+            .all(|line| line["level"] == "WARN" || line["level"] == "ERROR"),
+        "{lines:#?}"
+    );
+}
+
+#[tokio::test]
+async fn the_log_file_receives_the_same_lines_as_stdout() {
+    let log_file = support::tempdir().join("nested/dir/app.log");
+    let host = Host::start_with(
+        &guest_path("guest"),
+        &[("LOG_FILE", log_file.to_str().unwrap())],
+    );
+    get_with_id(&host, "/api/health", "to-file-1").await;
+    host.wait_for_log(|line| line["request_id"] == "to-file-1");
+
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let stdout: Vec<String> = host.stdout.lock().unwrap().clone();
+    loop {
+        let file = std::fs::read_to_string(&log_file).unwrap_or_default();
+        let file_lines: Vec<&str> = file.lines().collect();
+        if stdout
+            .iter()
+            .all(|line| file_lines.contains(&line.as_str()))
+        {
+            assert!(file_lines.iter().any(|line| line.contains("to-file-1")));
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "file {file_lines:#?} lacks lines of {stdout:#?}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[tokio::test]
+async fn an_unwritable_log_file_is_one_warning_and_the_service_runs_on() {
+    let blocker = support::tempdir().join("not-a-directory");
+    std::fs::write(&blocker, b"a file where a directory should be").unwrap();
+    let log_file = blocker.join("app.log");
+    let host = Host::start_with(
+        &guest_path("guest"),
+        &[("LOG_FILE", log_file.to_str().unwrap())],
+    );
+    assert_eq!(
+        client()
+            .get(host.url("/api/health"))
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        200
+    );
+    let warnings: Vec<Value> = host
+        .log_lines()
+        .into_iter()
+        .filter(|line| line["level"] == "WARN")
+        .collect();
+    assert_eq!(warnings.len(), 1, "{warnings:#?}");
+    assert!(
+        warnings[0]["message"]
+            .as_str()
+            .unwrap()
+            .contains("log file")
+    );
+}
+
+/// The value of the sample `name` with exactly `labels`, from a fresh `/metrics` scrape.
+async fn sample(host: &Host, name: &str, labels: &[(&str, &str)]) -> f64 {
+    support::prometheus::value(&scrape(host).await, name, labels)
+}
+
+async fn scrape(host: &Host) -> Vec<support::prometheus::Sample> {
+    let text = client()
+        .get(host.url("/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    support::prometheus::parse(&text)
+}
+
+#[tokio::test]
+async fn a_health_call_adds_exactly_one_200_to_http_requests_total() {
+    let host = Host::start();
+    let labels = [
+        ("method", "GET"),
+        ("route", "/api/health"),
+        ("status", "200"),
+    ];
+    let before = sample(&host, "http_requests_total", &labels).await;
+    client().get(host.url("/api/health")).send().await.unwrap();
+    assert_eq!(
+        sample(&host, "http_requests_total", &labels).await,
+        before + 1.0
+    );
+}
+
+#[tokio::test]
+async fn lookup_successes_and_failures_are_counted_apart() {
+    let host = Host::start();
+    let user: Value = client()
+        .post(host.url("/api/users"))
+        .json(&json!({"name": "A", "email": "a@x.io"}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let id = user["id"].as_str().unwrap();
+    for _ in 0..2 {
+        client()
+            .get(host.url(&format!("/api/users/{id}")))
+            .send()
+            .await
+            .unwrap();
+    }
+    for missing in [
+        "not-a-uuid",
+        "00000000-0000-4000-8000-000000000000",
+        "x",
+        "y",
+        "z",
+    ] {
+        client()
+            .get(host.url(&format!("/api/users/{missing}")))
+            .send()
+            .await
+            .unwrap();
+    }
+    assert_eq!(
+        sample(&host, "user_lookups_total", &[("result", "success")]).await,
+        2.0
+    );
+    assert_eq!(
+        sample(&host, "user_lookups_total", &[("result", "failure")]).await,
+        5.0
+    );
+    assert_eq!(sample(&host, "users_stored", &[]).await, 1.0);
+}
+
+#[tokio::test]
+async fn a_thousand_random_ids_make_one_bounded_route_label() {
+    let host = Host::start();
+    for _ in 0..1000 {
+        let id = uuid::Uuid::new_v4();
+        client()
+            .get(host.url(&format!("/api/users/{id}")))
+            .send()
+            .await
+            .unwrap();
+    }
+    for path in ["/random/1", "/random/2", "/api/users/a/b"] {
+        client().get(host.url(path)).send().await.unwrap();
+    }
+    let routes: HashSet<String> = scrape(&host)
+        .await
+        .into_iter()
+        .filter(|sample| sample.name == "http_requests_total")
+        .filter_map(|sample| sample.labels.get("route").cloned())
+        .collect();
+    let allowed = HashSet::from(["/api/users/{id}", "unmatched", "/metrics"].map(String::from));
+    assert!(routes.is_subset(&allowed), "{routes:?}");
+    assert!(
+        routes.contains("/api/users/{id}") && routes.contains("unmatched"),
+        "{routes:?}"
+    );
+    let misses = [
+        ("method", "GET"),
+        ("route", "/api/users/{id}"),
+        ("status", "404"),
+    ];
+    assert_eq!(sample(&host, "http_requests_total", &misses).await, 1000.0);
+    assert_eq!(
+        sample(
+            &host,
+            "http_requests_total",
+            &[("method", "GET"), ("route", "unmatched"), ("status", "404")]
+        )
+        .await,
+        3.0
+    );
+}
+
+#[tokio::test]
+async fn metrics_include_instantiation_time_and_process_metrics() {
+    let host = Host::start();
+    client().get(host.url("/api/health")).send().await.unwrap();
+    let text = client()
+        .get(host.url("/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        text.contains("guest_instantiation_seconds_count 1"),
+        "{text}"
+    );
+    assert!(text.contains("process_resident_memory_bytes"), "{text}");
+    assert!(text.contains("http_request_duration_seconds_bucket{method=\"GET\",route=\"/api/health\",le=\"0.0005\"}"), "{text}");
+}
