@@ -94,10 +94,14 @@ fn get_user<S: UserStore, C: Clock, T: Telemetry>(
     // Only a canonical UUID is recorded: the raw segment is client input of any length.
     let id = validation::user_id(segment);
     let id_attribute = ("user.id", Value::from(id.as_deref().unwrap_or("invalid")));
-    let _span = ports.telemetry.span("users.get", &[id_attribute.clone()]);
-    ports
+    let _span = ports
         .telemetry
-        .log(Level::Info, "looking up user", &[id_attribute.clone()]);
+        .span("users.get", std::slice::from_ref(&id_attribute));
+    ports.telemetry.log(
+        Level::Info,
+        "looking up user",
+        std::slice::from_ref(&id_attribute),
+    );
     match id.and_then(|id| ports.store.get(&id)) {
         Some(user) => Ok(Response::json(200, &user)),
         None => {
@@ -149,10 +153,12 @@ fn compute<S: UserStore, C: Clock, T: Telemetry>(
     let n_attribute = ("compute.n", Value::Integer(n.into()));
     let span = ports
         .telemetry
-        .span("compute.fibonacci", &[n_attribute.clone()]);
-    ports
-        .telemetry
-        .log(Level::Info, "compute started", &[n_attribute.clone()]);
+        .span("compute.fibonacci", std::slice::from_ref(&n_attribute));
+    ports.telemetry.log(
+        Level::Info,
+        "compute started",
+        std::slice::from_ref(&n_attribute),
+    );
     let started = ports.clock.now_nanos();
     let result = fibonacci::naive(std::hint::black_box(n));
     let duration_ms = ports.clock.now_nanos().saturating_sub(started) / 1_000_000;
@@ -359,7 +365,7 @@ mod tests {
             content_type: body.map(|_| "application/json"),
             body: body.unwrap_or_default().as_bytes(),
         };
-        run(&request, &store)
+        run(&request, store)
     }
 
     fn body(response: &Response) -> Value {

@@ -60,7 +60,13 @@ pub fn init(log_file: &Path) -> TelemetryGuard {
     let (file, file_guard) = tracing_appender::non_blocking(file_target);
     let log_level = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
     // Spans stay enabled whatever the level, so a WARN line still carries its request's fields.
-    let log_level = log_level.or(filter_fn(|metadata| metadata.is_span()));
+    // The level hints matter: they set the `log` crate's maximum level, and cranelift logs every
+    // compilation step through `log` at debug and trace.
+    let info_spans = || {
+        filter_fn(|metadata| metadata.is_span() && *metadata.level() <= tracing::Level::INFO)
+            .with_max_level_hint(tracing::Level::INFO)
+    };
+    let log_level = log_level.or(info_spans());
     let logs = tracing_subscriber::fmt::layer()
         .event_format(JsonLines)
         .fmt_fields(JsonFields::new())
@@ -77,9 +83,7 @@ pub fn init(log_file: &Path) -> TelemetryGuard {
     let spans = tracer.map(|tracer| {
         tracing_opentelemetry::layer()
             .with_tracer(tracer)
-            .with_filter(filter_fn(|metadata| {
-                metadata.is_span() && *metadata.level() <= tracing::Level::INFO
-            }))
+            .with_filter(info_spans())
     });
     tracing_subscriber::registry().with(logs).with(spans).init();
 

@@ -146,11 +146,11 @@ pub fn decode_emit_batch(packet: &[u8]) -> thrift::Result<Batch> {
     assert_eq!(message.name, "emitBatch");
     let mut batch = None;
     read_struct(&mut protocol, |protocol, id, _| {
-        Ok(match id {
-            1 => batch = Some(read_batch(protocol)?),
-            _ => return Ok(false),
-        })
-        .map(|()| true)
+        if id != 1 {
+            return Ok(false);
+        }
+        batch = Some(read_batch(protocol)?);
+        Ok(true)
     })?;
     protocol.read_message_end()?;
     batch.ok_or_else(|| thrift::Error::from("emitBatch without a batch"))
