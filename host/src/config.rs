@@ -59,6 +59,10 @@ pub struct Config {
     #[arg(long, env = "MAX_USERS", default_value_t = DEFAULT_MAX_USERS)]
     pub max_users: usize,
 
+    /// Directory of compiled guest components, so a guest compiled before loads at once.
+    #[arg(long, env = "GUEST_CACHE_DIR", default_value_os_t = default_cache_dir())]
+    pub cache_dir: PathBuf,
+
     /// File the JSON log lines are appended to.
     #[arg(long, env = "LOG_FILE", default_value = DEFAULT_LOG_FILE)]
     pub log_file: PathBuf,
@@ -71,12 +75,21 @@ impl Config {
     }
 }
 
+/// `target/guest-cache` under the workspace root this host was built in.
+fn default_cache_dir() -> PathBuf {
+    workspace_root().join("target/guest-cache")
+}
+
+/// The workspace this host was built in.
+fn workspace_root() -> &'static std::path::Path {
+    let host_crate = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    host_crate.parent().unwrap_or(host_crate)
+}
+
 /// Where `make build` leaves the guest: `target/wasm32-wasip2/release/guest.wasm` under the
 /// workspace root this host was built in.
 fn default_guest_path() -> PathBuf {
-    let host_crate = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
-    let workspace = host_crate.parent().unwrap_or(host_crate);
-    workspace.join("target/wasm32-wasip2/release/guest.wasm")
+    workspace_root().join("target/wasm32-wasip2/release/guest.wasm")
 }
 
 #[cfg(test)]

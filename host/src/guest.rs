@@ -5,30 +5,34 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use bytes::Bytes;
-use http_body_util::Full;
+use http_body_util::{BodyExt, Full};
 use tokio::sync::oneshot;
 use tracing::Instrument;
-use wasmtime::component::{Component, HasSelf, Linker};
+use wasmtime::component::{HasSelf, Linker};
 use wasmtime::{Engine, Store};
 use wasmtime_wasi_http::WasiHttpView;
 use wasmtime_wasi_http::p2::bindings::http::types::Scheme;
 
 use crate::bindings::{ServicePre, telemetry, users};
+use crate::cache::{CacheOutcome, ComponentCache};
 use crate::error::{Error, one_line};
 use crate::metrics::Metrics;
 use crate::request_state::RequestState;
 use crate::responses::ResponseBody;
+use crate::user_store::UserStore;
 
 /// The wasm engine and the linker that provides the guest's imports. Built once per process.
 pub struct Runtime {
     engine: Engine,
     linker: Linker<RequestState>,
+    cache: ComponentCache,
 }
 
 impl Runtime {
     /// An engine and a linker with full WASI p2 (a Rust `std` guest imports `wasi:cli` and
     /// friends beyond the proxy world), `wasi:http`, and the service's `users` and `telemetry`.
-    pub fn new() -> Result<Runtime, Error> {
+    /// Compiled components are cached in `cache`.
+    pub fn new(cache: ComponentCache) -> Result<Runtime, Error> {
         let engine =
             Engine::new(&wasmtime::Config::new()).map_err(|e| Error::Runtime(one_line(e)))?;
         let mut linker = Linker::new(&engine);
@@ -40,11 +44,16 @@ impl Runtime {
             Ok(())
         };
         link(&mut linker).map_err(|e| Error::Runtime(one_line(e)))?;
-        Ok(Runtime { engine, linker })
+        Ok(Runtime {
+            engine,
+            linker,
+            cache,
+        })
     }
 
-    /// Reads, compiles, links and pre-instantiates the component at `path`.
-    pub fn load(&self, path: &Path) -> Result<Guest, Error> {
+    /// Reads, compiles (or takes from the cache), links and pre-instantiates the component at
+    /// `path`. Blocking: compiling takes tens to hundreds of milliseconds.
+    pub fn load(&self, path: &Path) -> Result<(Guest, CacheOutcome), Error> {
         let bytes = std::fs::read(path).map_err(|io_error| Error::GuestUnreadable {
             path: path.to_owned(),
             io_error,
@@ -53,10 +62,13 @@ impl Runtime {
             path: path.to_owned(),
             reason: one_line(error),
         };
-        let component = Component::new(&self.engine, &bytes).map_err(invalid)?;
+        let (component, outcome) = self
+            .cache
+            .load_or_compile(&self.engine, &bytes)
+            .map_err(invalid)?;
         let instance_pre = self.linker.instantiate_pre(&component).map_err(invalid)?;
         let pre = ServicePre::new(instance_pre).map_err(invalid)?;
-        Ok(Guest { pre })
+        Ok((Guest { pre }, outcome))
     }
 }
 
@@ -77,7 +89,7 @@ impl Guest {
         &self,
         state: RequestState,
         request: http::Request<Full<Bytes>>,
-        metrics: &Arc<Metrics>,
+        metrics: Option<&Arc<Metrics>>,
     ) -> Result<http::Response<ResponseBody>, Error> {
         let mut store = Store::new(self.pre.engine(), state);
         let (sender, receiver) = oneshot::channel();
@@ -92,12 +104,14 @@ impl Guest {
         let (request, response_out) =
             setup(&mut store).map_err(|e| Error::GuestFailed(one_line(e)))?;
         let pre = self.pre.clone();
-        let metrics = Arc::clone(metrics);
+        let metrics = metrics.cloned();
         let task = tokio::spawn(
             async move {
                 let started = Instant::now();
                 let service = pre.instantiate_async(&mut store).await?;
-                metrics.observe_instantiation(started.elapsed());
+                if let Some(metrics) = metrics {
+                    metrics.observe_instantiation(started.elapsed());
+                }
                 service
                     .wasi_http_incoming_handler()
                     .call_handle(&mut store, request, response_out)
@@ -118,4 +132,40 @@ impl Guest {
             })),
         }
     }
+
+    /// Sends one `GET /api/health` through a fresh instance, with telemetry off and an empty
+    /// store of its own, and returns the reported `version` (`unknown` when the 200's body has
+    /// none). Anything but a 200 within [`PROBE_TIMEOUT`] is an error.
+    pub async fn probe_version(&self) -> Result<String, Error> {
+        let probe = async {
+            let request = http::Request::get("/api/health")
+                .header(http::header::HOST, "localhost")
+                .body(Full::new(Bytes::new()))
+                .expect("a static request is valid");
+            let state = RequestState::quiet(Arc::new(UserStore::new(0)));
+            let response = self.handle(state, request, None).await?;
+            let status = response.status();
+            let body = response
+                .into_body()
+                .collect()
+                .await
+                .map(|body| body.to_bytes())
+                .unwrap_or_default();
+            if status != http::StatusCode::OK {
+                return Err(Error::GuestFailed(format!(
+                    "health probe answered {status}"
+                )));
+            }
+            let version = serde_json::from_slice::<serde_json::Value>(&body)
+                .ok()
+                .and_then(|health| health["version"].as_str().map(str::to_string));
+            Ok(version.unwrap_or_else(|| "unknown".to_string()))
+        };
+        tokio::time::timeout(PROBE_TIMEOUT, probe)
+            .await
+            .map_err(|_| Error::GuestFailed("health probe timed out".to_string()))?
+    }
 }
+
+/// How long the health probe of a new guest may take.
+pub const PROBE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);

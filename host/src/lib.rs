@@ -7,6 +7,8 @@
 //! - [`bindings`]: the one `bindgen!` of the service's WIT world;
 //! - [`error`]: the one error type;
 //! - [`guest`]: loading the component and running one request through a fresh instance;
+//! - [`cache`]: compiled components on disk, keyed by their bytes and the engine;
+//! - [`reload`]: swapping the guest on `SIGHUP` or file change, after a health probe;
 //! - [`request_state`]: what one request's wasm store holds, and what the guest may reach;
 //! - [`users`]: the `users` WIT interface, implemented on [`user_store::UserStore`];
 //! - [`telemetry`]: the `telemetry` WIT interface: the guest's spans and logs;
@@ -19,12 +21,14 @@
 #![warn(missing_docs)]
 
 pub mod bindings;
+pub mod cache;
 pub mod config;
 pub mod error;
 pub mod guest;
 pub mod instrument;
 pub mod logs;
 pub mod metrics;
+pub mod reload;
 pub mod request_state;
 pub mod responses;
 pub mod routes;

@@ -2,13 +2,16 @@
 
 use std::process::ExitCode;
 use std::sync::Arc;
+use std::time::Instant;
 
 use anyhow::Context;
 use clap::Parser;
+use host::cache::ComponentCache;
 use host::config::Config;
 use host::guest::Runtime;
 use host::instrument;
-use host::server::{self, App};
+use host::reload::Reloader;
+use host::server::{self, App, ServingGuest};
 use host::user_store::UserStore;
 use tokio::net::TcpListener;
 
@@ -32,12 +35,39 @@ fn main() -> ExitCode {
 }
 
 async fn run(config: Config) -> anyhow::Result<()> {
-    let loading = std::time::Instant::now();
-    let guest = Runtime::new()?.load(&config.guest)?;
-    let load_ms = loading.elapsed().as_millis() as u64;
-    tracing::info!(guest = %config.guest.display(), load_ms, "guest component loaded");
+    let runtime = Arc::new(Runtime::new(ComponentCache::new(&config.cache_dir))?);
+    let loading = Instant::now();
+    let (guest, cache) = runtime.load(&config.guest)?;
+    // A guest that fails its health probe still starts (its requests get 500s); a reload of such
+    // a guest is refused instead, since a working one is serving then.
+    let version = guest
+        .probe_version()
+        .await
+        .unwrap_or_else(|_| "unknown".to_string());
+    tracing::info!(
+        guest = %config.guest.display(),
+        version,
+        cache = cache.as_str(),
+        load_ms = loading.elapsed().as_millis() as u64,
+        "guest loaded"
+    );
     let users = Arc::new(UserStore::new(config.max_users));
-    let app = Arc::new(App::new(guest, users, config.max_body_bytes));
+    let app = Arc::new(App::new(
+        ServingGuest { guest, version },
+        users,
+        config.max_body_bytes,
+    ));
+
+    let reloader = Arc::new(Reloader::new(
+        runtime,
+        Arc::clone(&app),
+        config.guest.clone(),
+    ));
+    tokio::spawn(Arc::clone(&reloader).reload_on_sighup());
+    let _watcher = config
+        .watch
+        .then(|| reloader.watch().context("cannot watch the guest file"))
+        .transpose()?;
 
     let addr = config.listen_addr();
     let listener = TcpListener::bind(addr)

@@ -40,6 +40,7 @@ pub struct Metrics {
     user_lookups: IntCounterVec,
     users_stored: IntGauge,
     guest_instantiation: Histogram,
+    guest_reloads: IntCounterVec,
 }
 
 impl Metrics {
@@ -78,7 +79,16 @@ impl Metrics {
             .buckets(INSTANTIATION_BUCKETS.to_vec()),
         )
         .expect("metric definition is valid");
-        let collectors: [Box<dyn prometheus::core::Collector>; 5] = [
+        let guest_reloads = IntCounterVec::new(
+            Opts::new(
+                "guest_reloads_total",
+                "Guest reloads (SIGHUP or file change), by result.",
+            ),
+            &["result"],
+        )
+        .expect("metric definition is valid");
+        let collectors: [Box<dyn prometheus::core::Collector>; 6] = [
+            Box::new(guest_reloads.clone()),
             Box::new(requests.clone()),
             Box::new(request_duration.clone()),
             Box::new(user_lookups.clone()),
@@ -91,6 +101,7 @@ impl Metrics {
         // Both results exist from the start, so rates are defined before the first lookup.
         for result in ["success", "failure"] {
             user_lookups.with_label_values(&[result]);
+            guest_reloads.with_label_values(&[result]);
         }
         #[cfg(target_os = "linux")]
         registry
@@ -105,6 +116,7 @@ impl Metrics {
             user_lookups,
             users_stored,
             guest_instantiation,
+            guest_reloads,
         }
     }
 
@@ -132,6 +144,12 @@ impl Metrics {
             LookupResult::Failure => "failure",
         };
         self.user_lookups.with_label_values(&[label]).inc();
+    }
+
+    /// Counts one guest reload, accepted (`true`) or rejected.
+    pub fn observe_reload(&self, accepted: bool) {
+        let label = if accepted { "success" } else { "failure" };
+        self.guest_reloads.with_label_values(&[label]).inc();
     }
 
     /// Records how long one guest instantiation took.

@@ -27,6 +27,8 @@ pub struct RequestState {
     pub(crate) request_span: tracing::Span,
     /// The guest's spans still open, innermost last, by resource handle.
     pub(crate) open_spans: Vec<(u32, tracing::Span)>,
+    /// Whether the guest's spans and logs are recorded (not for the host's own health probes).
+    pub(crate) telemetry_enabled: bool,
 }
 
 impl RequestState {
@@ -45,6 +47,15 @@ impl RequestState {
             users,
             request_span,
             open_spans: Vec::new(),
+            telemetry_enabled: true,
+        }
+    }
+
+    /// A state for a request the host sends itself (a health probe): no span, no log lines.
+    pub fn quiet(users: Arc<UserStore>) -> RequestState {
+        RequestState {
+            telemetry_enabled: false,
+            ..RequestState::new(users, tracing::Span::none())
         }
     }
 }

@@ -6,7 +6,7 @@
 
 use std::convert::Infallible;
 use std::future::Future;
-use std::sync::Arc;
+use std::sync::{Arc, PoisonError, RwLock};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -37,7 +37,8 @@ pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 
 /// Everything the per-request path needs, shared by all connections.
 pub struct App {
-    guest: Guest,
+    /// The guest serving new requests; a reload swaps it while running requests keep theirs.
+    guest: RwLock<ServingGuest>,
     users: Arc<UserStore>,
     metrics: Arc<Metrics>,
     max_body_bytes: usize,
@@ -45,9 +46,9 @@ pub struct App {
 
 impl App {
     /// The service around `guest`, with `users` as its store and bodies capped at `max_body_bytes`.
-    pub fn new(guest: Guest, users: Arc<UserStore>, max_body_bytes: usize) -> App {
+    pub fn new(guest: ServingGuest, users: Arc<UserStore>, max_body_bytes: usize) -> App {
         App {
-            guest,
+            guest: RwLock::new(guest),
             users,
             metrics: Arc::new(Metrics::new()),
             max_body_bytes,
@@ -130,13 +131,33 @@ impl App {
         }
         let request = Request::from_parts(parts, Full::new(body));
         let state = RequestState::new(Arc::clone(&self.users), span.clone());
-        match self.guest.handle(state, request, &self.metrics).await {
+        let guest = self.serving_guest().guest;
+        match guest.handle(state, request, Some(&self.metrics)).await {
             Ok(response) => response,
             Err(error) => {
                 tracing::error!(%error, "guest failed; answering 500");
                 responses::error(StatusCode::INTERNAL_SERVER_ERROR, responses::INTERNAL_ERROR)
             }
         }
+    }
+
+    /// The guest serving new requests, and its version.
+    pub fn serving_guest(&self) -> ServingGuest {
+        self.guest
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Serves new requests with `guest` from now on; returns the guest it replaces.
+    pub fn swap_guest(&self, guest: ServingGuest) -> ServingGuest {
+        let mut serving = self.guest.write().unwrap_or_else(PoisonError::into_inner);
+        std::mem::replace(&mut serving, guest)
+    }
+
+    /// The host's metrics.
+    pub fn metrics(&self) -> &Metrics {
+        &self.metrics
     }
 
     fn metrics_page(&self, method: &Method, route: &Route) -> Response<ResponseBody> {
@@ -146,6 +167,15 @@ impl App {
         let page = self.metrics.render(self.users.len());
         responses::full(StatusCode::OK, metrics::CONTENT_TYPE, page)
     }
+}
+
+/// A loaded guest and the version its health probe reported.
+#[derive(Clone)]
+pub struct ServingGuest {
+    /// The pre-instantiated component; cheap to clone.
+    pub guest: Guest,
+    /// `version` from the guest's `/api/health`, for logs.
+    pub version: String,
 }
 
 /// The client's `x-request-id` when it is 1 to 128 visible ASCII characters, else a new UUID v4.

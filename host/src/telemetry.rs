@@ -32,12 +32,16 @@ impl HostSpan for RequestState {
         name: String,
         attributes: Vec<Attribute>,
     ) -> wasmtime::Result<Resource<GuestSpan>> {
-        let span = tracing::info_span!(
-            target: GUEST_TARGET,
-            parent: self.innermost_span(),
-            "guest span",
-            otel.name = name,
-        );
+        let span = if self.telemetry_enabled {
+            tracing::info_span!(
+                target: GUEST_TARGET,
+                parent: self.innermost_span(),
+                "guest span",
+                otel.name = name,
+            )
+        } else {
+            tracing::Span::none()
+        };
         for attribute in attributes {
             set_attribute(&span, attribute);
         }
@@ -73,6 +77,9 @@ impl Host for RequestState {
         message: String,
         attributes: Vec<Attribute>,
     ) -> wasmtime::Result<()> {
+        if !self.telemetry_enabled {
+            return Ok(());
+        }
         let fields =
             crate::logs::guest_fields(attributes.into_iter().map(|a| (a.key, json_value(a.value))));
         let _inside = self.innermost_span().enter();

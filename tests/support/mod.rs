@@ -36,10 +36,11 @@ const CONFIG_VARS: &[&str] = &[
 /// The path of a guest component built by `make build` (`guest`, or a fixture's crate name).
 pub fn guest_path(crate_name: &str) -> PathBuf {
     let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
-    let file_name = format!("{}.wasm", crate_name.replace('-', "_"));
-    let path = workspace
-        .join("target/wasm32-wasip2/release")
-        .join(file_name);
+    let dir = workspace.join("target/wasm32-wasip2/release");
+    // Libraries are named with underscores, binaries (the command fixture) as the crate is.
+    let library = dir.join(format!("{}.wasm", crate_name.replace('-', "_")));
+    let binary = dir.join(format!("{crate_name}.wasm"));
+    let path = if library.exists() { library } else { binary };
     assert!(
         path.exists(),
         "{} is missing: run `make build` first",
@@ -167,6 +168,15 @@ impl Host {
             );
             std::thread::sleep(Duration::from_millis(20));
         }
+    }
+
+    /// Sends a signal (`HUP`, `TERM`, …) to the host process.
+    pub fn signal(&self, name: &str) {
+        let sent = Command::new("kill")
+            .args([&format!("-{name}"), &self.child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(sent.success(), "kill -{name} failed");
     }
 
     /// Sends SIGTERM and waits for the exit status.

@@ -1,0 +1,134 @@
+//! Swapping the guest while the host runs: on `SIGHUP`, and on file change with `--watch`.
+//!
+//! A reload reads and compiles the new component on a blocking thread (off the request path),
+//! links and pre-instantiates it, sends it one `GET /api/health`, and only then swaps it in.
+//! Requests already running finish on the old guest; new ones get the new guest. A guest that
+//! cannot be read, compiled, linked or instantiated, or whose health probe is not a 200, is
+//! rejected: one error line says why, and the running guest keeps serving.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use notify::{RecommendedWatcher, RecursiveMode, Watcher};
+
+use crate::cache::CacheOutcome;
+use crate::error::Error;
+use crate::guest::{Guest, Runtime};
+use crate::server::{App, ServingGuest};
+
+/// How long the file must stay quiet before a change is reloaded: editors and `cargo` write,
+/// truncate and rename in bursts.
+pub const WATCH_DEBOUNCE: Duration = Duration::from_millis(250);
+
+/// Reloads the guest at one path into one [`App`].
+pub struct Reloader {
+    runtime: Arc<Runtime>,
+    app: Arc<App>,
+    path: PathBuf,
+    /// Reloads run one at a time, so two triggers cannot race to swap.
+    one_at_a_time: tokio::sync::Mutex<()>,
+}
+
+impl Reloader {
+    /// A reloader of the component at `path` into `app`.
+    pub fn new(runtime: Arc<Runtime>, app: Arc<App>, path: PathBuf) -> Reloader {
+        Reloader {
+            runtime,
+            app,
+            path,
+            one_at_a_time: tokio::sync::Mutex::new(()),
+        }
+    }
+
+    /// Loads the guest from its path and swaps it in if it passes; returns its version.
+    pub async fn reload(&self, trigger: &'static str) -> Result<String, Error> {
+        let _one_at_a_time = self.one_at_a_time.lock().await;
+        let started = Instant::now();
+        let path = self.path.display().to_string();
+        match self.load_and_probe().await {
+            Ok((guest, version, cache)) => {
+                let new = ServingGuest {
+                    guest,
+                    version: version.clone(),
+                };
+                let old = self.app.swap_guest(new);
+                self.app.metrics().observe_reload(true);
+                tracing::info!(
+                    trigger,
+                    path,
+                    old_version = old.version,
+                    new_version = version,
+                    cache = cache.as_str(),
+                    load_ms = started.elapsed().as_millis() as u64,
+                    "guest reloaded"
+                );
+                Ok(version)
+            }
+            Err(error) => {
+                self.app.metrics().observe_reload(false);
+                tracing::error!(trigger, path, %error, "guest reload rejected; the running guest keeps serving");
+                Err(error)
+            }
+        }
+    }
+
+    async fn load_and_probe(&self) -> Result<(Guest, String, CacheOutcome), Error> {
+        let runtime = Arc::clone(&self.runtime);
+        let path = self.path.clone();
+        let (guest, cache) = tokio::task::spawn_blocking(move || runtime.load(&path))
+            .await
+            .map_err(|join_error| Error::Runtime(join_error.to_string()))??;
+        let version = guest.probe_version().await?;
+        Ok((guest, version, cache))
+    }
+
+    /// Reloads on every `SIGHUP` until the process ends.
+    pub async fn reload_on_sighup(self: Arc<Self>) {
+        use tokio::signal::unix::{SignalKind, signal};
+        let Ok(mut hangups) = signal(SignalKind::hangup()) else {
+            tracing::warn!("cannot listen for SIGHUP; reload by signal is off");
+            return;
+        };
+        while hangups.recv().await.is_some() {
+            let _ = self.reload("SIGHUP").await;
+        }
+    }
+
+    /// Reloads whenever the guest file changes. It watches the file's directory, so a file
+    /// replaced by a rename (as `cargo` and most editors do) is seen too. The watch lasts as
+    /// long as the returned watcher.
+    pub fn watch(self: Arc<Self>) -> notify::Result<RecommendedWatcher> {
+        let (changed, mut changes) = tokio::sync::mpsc::unbounded_channel();
+        let file_name = self.path.file_name().map(|name| name.to_owned());
+        let mut watcher =
+            notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
+                let Ok(event) = event else { return };
+                let ours = event
+                    .paths
+                    .iter()
+                    .any(|path| path.file_name() == file_name.as_deref());
+                if ours && !event.kind.is_access() {
+                    let _ = changed.send(());
+                }
+            })?;
+        let directory = match self.path.parent() {
+            Some(parent) if !parent.as_os_str().is_empty() => parent.to_owned(),
+            _ => PathBuf::from("."),
+        };
+        watcher.watch(&directory, RecursiveMode::NonRecursive)?;
+        tokio::spawn(async move {
+            while changes.recv().await.is_some() {
+                loop {
+                    match tokio::time::timeout(WATCH_DEBOUNCE, changes.recv()).await {
+                        Ok(Some(())) => continue,
+                        Ok(None) => return,
+                        Err(_quiet) => break,
+                    }
+                }
+                let _ = self.reload("file change").await;
+            }
+        });
+        Ok(watcher)
+    }
+}

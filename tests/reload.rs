@@ -1,0 +1,248 @@
+//! End-to-end tests of swapping the guest while the host runs: `SIGHUP` and `--watch`, under
+//! load, with bad components, and the compiled-component cache across starts.
+
+mod support;
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+use support::{Host, client, guest_path};
+
+const REAL_VERSION: &str = "0.1.0";
+const MINIMAL_VERSION: &str = "2.0.0";
+
+/// A copy of the real guest in a fresh directory, for a host to serve and a test to replace.
+fn live_guest() -> PathBuf {
+    let live = support::tempdir().join("live.wasm");
+    std::fs::copy(guest_path("guest"), &live).unwrap();
+    live
+}
+
+/// Replaces `live` with `source` the way `cargo` and editors do: write aside, then rename.
+fn replace_by_rename(live: &Path, source: &Path) {
+    let aside = live.with_extension("next");
+    std::fs::copy(source, &aside).unwrap();
+    std::fs::rename(&aside, live).unwrap();
+}
+
+async fn health(host: &Host) -> (u16, Value) {
+    let response = client().get(host.url("/api/health")).send().await.unwrap();
+    let status = response.status().as_u16();
+    (status, response.json().await.unwrap_or(Value::Null))
+}
+
+/// Polls `/api/health` until it reports `version`, or panics after 20 s.
+async fn wait_for_version(host: &Host, version: &str) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while health(host).await.1["version"] != version {
+        assert!(
+            Instant::now() < deadline,
+            "the guest never became version {version}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+async fn reloads(host: &Host, result: &str) -> f64 {
+    let text = client()
+        .get(host.url("/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    support::prometheus::value(
+        &support::prometheus::parse(&text),
+        "guest_reloads_total",
+        &[("result", result)],
+    )
+}
+
+fn count_lines(host: &Host, message: &str) -> usize {
+    host.log_lines()
+        .iter()
+        .filter(|line| line["message"] == message)
+        .count()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ten_swaps_under_steady_load_fail_not_one_request() {
+    let live = live_guest();
+    let host = Arc::new(Host::start_with(&live, &[]));
+    let stop = Arc::new(AtomicBool::new(false));
+    let load: Vec<_> = (0..4)
+        .map(|_| {
+            let (host, stop) = (Arc::clone(&host), Arc::clone(&stop));
+            tokio::spawn(async move {
+                let mut answers = Vec::new();
+                while !stop.load(Ordering::Relaxed) {
+                    answers.push(health(&host).await);
+                }
+                answers
+            })
+        })
+        .collect();
+
+    for swap in 0..10 {
+        let (source, version) = if swap % 2 == 0 {
+            (guest_path("minimal-guest"), MINIMAL_VERSION)
+        } else {
+            (guest_path("guest"), REAL_VERSION)
+        };
+        replace_by_rename(&live, &source);
+        host.signal("HUP");
+        wait_for_version(&host, version).await;
+    }
+    stop.store(true, Ordering::Relaxed);
+
+    let mut answers = Vec::new();
+    for task in load {
+        answers.extend(task.await.unwrap());
+    }
+    let failed: Vec<_> = answers
+        .iter()
+        .filter(|(status, _)| *status != 200)
+        .collect();
+    assert!(
+        failed.is_empty(),
+        "{} of {} requests failed: {failed:?}",
+        failed.len(),
+        answers.len()
+    );
+    for version in [REAL_VERSION, MINIMAL_VERSION] {
+        assert!(
+            answers.iter().any(|(_, body)| body["version"] == version),
+            "{version} never served"
+        );
+    }
+    assert_eq!(reloads(&host, "success").await, 10.0);
+    assert_eq!(reloads(&host, "failure").await, 0.0);
+    let reloaded = host.wait_for_log(|line| {
+        line["message"] == "guest reloaded" && line["new_version"] == MINIMAL_VERSION
+    });
+    assert_eq!(reloaded["old_version"], REAL_VERSION);
+}
+
+#[tokio::test]
+async fn garbage_another_world_and_a_failing_guest_are_rejected_while_the_old_guest_serves() {
+    let live = live_guest();
+    let host = Host::start_with(&live, &[]);
+    let garbage = support::tempdir().join("garbage.wasm");
+    std::fs::write(&garbage, b"\0asm\x0d\0\x01\0 and then nothing that parses").unwrap();
+    let rejected = [
+        garbage,
+        guest_path("command-component"),
+        guest_path("panicking-guest"),
+    ];
+
+    for (attempt, source) in rejected.iter().enumerate() {
+        replace_by_rename(&live, source);
+        host.signal("HUP");
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while count_lines(
+            &host,
+            "guest reload rejected; the running guest keeps serving",
+        ) < attempt + 1
+        {
+            assert!(
+                Instant::now() < deadline,
+                "{} was never rejected",
+                source.display()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let (status, body) = health(&host).await;
+        assert_eq!(
+            (status, body["version"].as_str()),
+            (200, Some(REAL_VERSION)),
+            "after {}",
+            source.display()
+        );
+    }
+    let errors: Vec<Value> = host
+        .log_lines()
+        .into_iter()
+        .filter(|line| line["level"] == "ERROR")
+        .collect();
+    assert_eq!(
+        errors.len(),
+        3,
+        "one error line per rejected reload: {errors:#?}"
+    );
+    assert!(
+        errors
+            .iter()
+            .all(|line| line["error"].as_str().is_some_and(|why| !why.is_empty()))
+    );
+    assert_eq!(reloads(&host, "failure").await, 3.0);
+    assert_eq!(reloads(&host, "success").await, 0.0);
+}
+
+#[tokio::test]
+async fn users_created_before_a_swap_are_listed_after_it() {
+    let live = live_guest();
+    let host = Host::start_with(&live, &[]);
+    let mut created = Vec::new();
+    for i in 0..3 {
+        let user: Value = client()
+            .post(host.url("/api/users"))
+            .json(&json!({"name": format!("U{i}"), "email": format!("u{i}@example.com")}))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        created.push(user);
+    }
+    // Away to a guest that cannot even see the store, and back.
+    replace_by_rename(&live, &guest_path("minimal-guest"));
+    host.signal("HUP");
+    wait_for_version(&host, MINIMAL_VERSION).await;
+    replace_by_rename(&live, &guest_path("guest"));
+    host.signal("HUP");
+    wait_for_version(&host, REAL_VERSION).await;
+
+    let listed: Value = client()
+        .get(host.url("/api/users"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(listed, json!(created));
+}
+
+#[tokio::test]
+async fn with_watch_a_replaced_or_rewritten_file_is_served_without_a_signal() {
+    let live = live_guest();
+    let host = Host::start_with(&live, &[("GUEST_WATCH", "1")]);
+    replace_by_rename(&live, &guest_path("minimal-guest"));
+    wait_for_version(&host, MINIMAL_VERSION).await;
+    // Written in place this time, as a plain `cp` does.
+    std::fs::write(&live, std::fs::read(guest_path("guest")).unwrap()).unwrap();
+    wait_for_version(&host, REAL_VERSION).await;
+}
+
+#[test]
+fn a_second_start_with_an_unchanged_guest_uses_the_compiled_component_cache() {
+    let cache = support::tempdir();
+    let cache_dir = cache.to_str().unwrap();
+    let start = || {
+        let host = Host::start_with(&guest_path("guest"), &[("GUEST_CACHE_DIR", cache_dir)]);
+        host.wait_for_log(|line| line["message"] == "guest loaded")
+    };
+    let first = start();
+    let second = start();
+    assert_eq!(first["cache"], "miss");
+    assert_eq!(second["cache"], "hit");
+    eprintln!(
+        "guest load: first start {} ms (compiled), second start {} ms (cached)",
+        first["load_ms"], second["load_ms"]
+    );
+}
