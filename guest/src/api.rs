@@ -804,4 +804,73 @@ mod tests {
             ]
         );
     }
+
+    mod properties {
+        use proptest::prelude::*;
+
+        use super::*;
+
+        /// Every status the contract lets the guest answer with.
+        const CONTRACT_STATUSES: &[u16] = &[200, 201, 400, 404, 405, 409, 415, 503];
+
+        fn method() -> impl Strategy<Value = String> {
+            prop_oneof![
+                prop::sample::select(vec![
+                    "GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS", "TRACE"
+                ])
+                .prop_map(String::from),
+                "[A-Za-z]{1,10}",
+            ]
+        }
+
+        fn path() -> impl Strategy<Value = String> {
+            prop_oneof![
+                prop::sample::select(vec![
+                    "/api/health",
+                    "/api/users",
+                    "/api/compute",
+                    "/metrics",
+                    "/"
+                ])
+                .prop_map(String::from),
+                "/api/users/[ -~]{0,40}",
+                "/api/[a-z/]{0,20}(\\?[ -~]{0,20})?",
+                "[ -~]{0,60}",
+            ]
+        }
+
+        fn body() -> impl Strategy<Value = Vec<u8>> {
+            prop_oneof![
+                prop::collection::vec(any::<u8>(), 0..64),
+                "\\{\"n\":(-?[0-9]{3,25}(\\.[0-9])?|[0-9]|1[0-9]|2[0-4]|null|true|\"[0-9]\"|\\[\\])\\}".prop_map(String::into_bytes),
+                ("[ -~]{0,30}", "[ -~]{0,40}")
+                    .prop_map(|(name, email)| serde_json::json!({"name": name, "email": email}).to_string().into_bytes()),
+                any::<String>().prop_map(String::into_bytes),
+            ]
+        }
+
+        proptest! {
+            #[test]
+            fn any_request_gets_a_json_answer_with_a_contract_status(
+                method in method(),
+                target in path(),
+                content_type in prop::option::of(prop::sample::select(vec![
+                    "application/json", "application/json; charset=utf-8", "text/plain", "",
+                ])),
+                body in body(),
+            ) {
+                let store = FakeStore::new();
+                let request = Request { method: &method, target: &target, content_type, body: &body };
+                let response = run(&request, &store);
+                prop_assert!(CONTRACT_STATUSES.contains(&response.status), "status {}", response.status);
+                prop_assert_eq!(response.header("content-type"), Some("application/json"));
+                let json: Value = serde_json::from_slice(&response.body).expect("the body is JSON");
+                if response.status >= 400 {
+                    let object = json.as_object().expect("an error body is an object");
+                    prop_assert_eq!(object.len(), 1);
+                    prop_assert!(object["error"].as_str().is_some_and(|message| !message.is_empty() && message.len() <= 100));
+                }
+            }
+        }
+    }
 }

@@ -16,6 +16,8 @@ pub const DEFAULT_REQUEST_TIMEOUT_MS: u64 = 10_000;
 pub const DEFAULT_MAX_BODY_BYTES: usize = 1024 * 1024;
 /// Linear memory one guest instance may grow to.
 pub const DEFAULT_GUEST_MEMORY_MB: u64 = 128;
+/// How many guest instances may run at once; more requests wait briefly, then get 503.
+pub const DEFAULT_MAX_INSTANCES: u32 = 64;
 /// How many users the store holds before creation answers 503.
 pub const DEFAULT_MAX_USERS: usize = 1_000_000;
 /// Where the JSON log lines are appended, relative to the working directory.
@@ -55,6 +57,11 @@ pub struct Config {
           value_parser = clap::value_parser!(u64).range(1..=4096))]
     pub guest_memory_mb: u64,
 
+    /// Most guest instances alive at once (one per request in flight).
+    #[arg(long, env = "MAX_INSTANCES", default_value_t = DEFAULT_MAX_INSTANCES,
+          value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    pub max_instances: u32,
+
     /// Most users the store holds; creating one more answers 503.
     #[arg(long, env = "MAX_USERS", default_value_t = DEFAULT_MAX_USERS)]
     pub max_users: usize,
@@ -69,6 +76,15 @@ pub struct Config {
 }
 
 impl Config {
+    /// What one guest instance may use.
+    pub fn guest_limits(&self) -> crate::guest::GuestLimits {
+        crate::guest::GuestLimits {
+            request_timeout: std::time::Duration::from_millis(self.request_timeout_ms),
+            memory_bytes: usize::try_from(self.guest_memory_mb << 20).unwrap_or(usize::MAX),
+            max_instances: self.max_instances,
+        }
+    }
+
     /// The socket address to listen on.
     pub fn listen_addr(&self) -> SocketAddr {
         SocketAddr::new(self.bind, self.port)

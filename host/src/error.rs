@@ -24,6 +24,12 @@ pub enum Error {
     /// The guest trapped or otherwise failed before producing a response.
     #[error("guest failed: {0}")]
     GuestFailed(String),
+    /// The guest ran past the request's deadline and was stopped.
+    #[error("the guest ran past the request deadline")]
+    Timeout,
+    /// Every guest instance slot stayed busy for longer than a request may wait.
+    #[error("no guest instance slot came free in time")]
+    Busy,
     /// Setting up the wasm runtime failed.
     #[error("wasm runtime: {0}")]
     Runtime(String),

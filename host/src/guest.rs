@@ -2,14 +2,18 @@
 
 use std::path::Path;
 use std::sync::Arc;
-use std::time::Instant;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
-use tokio::sync::oneshot;
+use tokio::sync::{Semaphore, oneshot};
 use tracing::Instrument;
 use wasmtime::component::{HasSelf, Linker};
-use wasmtime::{Engine, Store};
+use wasmtime::{
+    Engine, InstanceAllocationStrategy, PoolingAllocationConfig, Store, StoreLimitsBuilder,
+    UpdateDeadline,
+};
 use wasmtime_wasi_http::WasiHttpView;
 use wasmtime_wasi_http::p2::bindings::http::types::Scheme;
 
@@ -26,15 +30,46 @@ pub struct Runtime {
     engine: Engine,
     linker: Linker<RequestState>,
     cache: ComponentCache,
+    limits: GuestLimits,
+    /// One permit per instance slot, shared by every guest this runtime loads.
+    slots: Arc<Semaphore>,
+    /// Advances the engine's epoch, which drives deadlines and yields; stops when dropped.
+    _ticker: EpochTicker,
 }
+
+/// What one guest instance may use.
+#[derive(Debug, Clone, Copy)]
+pub struct GuestLimits {
+    /// Wall-clock time one request may run inside the guest.
+    pub request_timeout: Duration,
+    /// Linear memory one instance may grow to.
+    pub memory_bytes: usize,
+    /// Instances alive at once; the pooling allocator is sized for this many (plus one for a
+    /// reload's health probe).
+    pub max_instances: u32,
+}
+
+/// How often the epoch advances: the granularity of deadlines, and how long a guest computes
+/// before it yields its thread to other requests.
+pub const EPOCH_TICK: Duration = Duration::from_millis(5);
+
+/// How long a request waits for a free instance slot before it is answered 503.
+pub const SLOT_WAIT: Duration = Duration::from_secs(1);
+
+/// Upper bounds per component, for the pooling allocator's slots: a Rust `wasm32-wasip2`
+/// component has one memory, a few tables and a handful of core instances (its module and the
+/// canonical-ABI shims); these leave room for other toolchains' guests.
+const CORE_INSTANCES_PER_COMPONENT: u32 = 32;
+const MEMORIES_PER_COMPONENT: u32 = 2;
+const TABLES_PER_COMPONENT: u32 = 8;
 
 impl Runtime {
     /// An engine and a linker with full WASI p2 (a Rust `std` guest imports `wasi:cli` and
     /// friends beyond the proxy world), `wasi:http`, and the service's `users` and `telemetry`.
-    /// Compiled components are cached in `cache`.
-    pub fn new(cache: ComponentCache) -> Result<Runtime, Error> {
+    /// Compiled components are cached in `cache`; every instance lives within `limits`.
+    pub fn new(cache: ComponentCache, limits: GuestLimits) -> Result<Runtime, Error> {
         let engine =
-            Engine::new(&wasmtime::Config::new()).map_err(|e| Error::Runtime(one_line(e)))?;
+            Engine::new(&engine_config(&limits)).map_err(|e| Error::Runtime(one_line(e)))?;
         let mut linker = Linker::new(&engine);
         let link = |linker: &mut Linker<RequestState>| -> wasmtime::Result<()> {
             wasmtime_wasi::p2::add_to_linker_async(linker)?;
@@ -44,10 +79,15 @@ impl Runtime {
             Ok(())
         };
         link(&mut linker).map_err(|e| Error::Runtime(one_line(e)))?;
+        let _ticker = EpochTicker::start(engine.clone());
+        let slots = Arc::new(Semaphore::new(limits.max_instances as usize));
         Ok(Runtime {
             engine,
             linker,
             cache,
+            limits,
+            slots,
+            _ticker,
         })
     }
 
@@ -68,14 +108,88 @@ impl Runtime {
             .map_err(invalid)?;
         let instance_pre = self.linker.instantiate_pre(&component).map_err(invalid)?;
         let pre = ServicePre::new(instance_pre).map_err(invalid)?;
-        Ok((Guest { pre }, outcome))
+        let guest = Guest {
+            pre,
+            limits: self.limits,
+            slots: Arc::clone(&self.slots),
+        };
+        Ok((guest, outcome))
     }
 }
+
+/// Epoch interruption (deadlines and yields) and a pooling allocator sized by `limits`: slots
+/// are reserved once, so instantiating per request costs no `mmap`.
+fn engine_config(limits: &GuestLimits) -> wasmtime::Config {
+    let slots = limits.max_instances + 1;
+    let mut pool = PoolingAllocationConfig::default();
+    pool.total_component_instances(slots)
+        .total_core_instances(slots * CORE_INSTANCES_PER_COMPONENT)
+        .max_core_instances_per_component(CORE_INSTANCES_PER_COMPONENT)
+        .total_memories(slots * MEMORIES_PER_COMPONENT)
+        .max_memories_per_component(MEMORIES_PER_COMPONENT)
+        .total_tables(slots * TABLES_PER_COMPONENT)
+        .max_tables_per_component(TABLES_PER_COMPONENT)
+        .max_memory_size(limits.memory_bytes);
+    let mut config = wasmtime::Config::new();
+    config
+        .epoch_interruption(true)
+        .allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
+    config
+}
+
+/// A thread that advances an engine's epoch every [`EPOCH_TICK`] until dropped.
+struct EpochTicker {
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl EpochTicker {
+    fn start(engine: Engine) -> EpochTicker {
+        let stop = Arc::new(AtomicBool::new(false));
+        let stopped = Arc::clone(&stop);
+        let thread = std::thread::Builder::new()
+            .name("epoch-ticker".into())
+            .spawn(move || {
+                while !stopped.load(Ordering::Relaxed) {
+                    std::thread::sleep(EPOCH_TICK);
+                    engine.increment_epoch();
+                }
+            })
+            .expect("spawning the epoch ticker thread");
+        EpochTicker {
+            stop,
+            thread: Some(thread),
+        }
+    }
+}
+
+impl Drop for EpochTicker {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// The trap raised when a request outlives its deadline.
+#[derive(Debug)]
+struct DeadlineExceeded;
+
+impl std::fmt::Display for DeadlineExceeded {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("the request's deadline passed")
+    }
+}
+
+impl std::error::Error for DeadlineExceeded {}
 
 /// A loaded guest, ready to be instantiated.
 #[derive(Clone)]
 pub struct Guest {
     pre: ServicePre<RequestState>,
+    limits: GuestLimits,
+    slots: Arc<Semaphore>,
 }
 
 impl Guest {
@@ -91,7 +205,25 @@ impl Guest {
         request: http::Request<Full<Bytes>>,
         metrics: Option<&Arc<Metrics>>,
     ) -> Result<http::Response<ResponseBody>, Error> {
+        let slot = tokio::time::timeout(SLOT_WAIT, Arc::clone(&self.slots).acquire_owned())
+            .await
+            .map_err(|_| Error::Busy)?
+            .expect("the slot semaphore is never closed");
         let mut store = Store::new(self.pre.engine(), state);
+        store.data_mut().limits = StoreLimitsBuilder::new()
+            .memory_size(self.limits.memory_bytes)
+            .build();
+        store.limiter(|state| &mut state.limits);
+        // Every tick the guest yields its thread; past the deadline it traps.
+        let deadline = Instant::now() + self.limits.request_timeout;
+        store.set_epoch_deadline(1);
+        store.epoch_deadline_callback(move |_| {
+            if Instant::now() >= deadline {
+                Err(DeadlineExceeded.into())
+            } else {
+                Ok(UpdateDeadline::Yield(1))
+            }
+        });
         let (sender, receiver) = oneshot::channel();
         let setup = |store: &mut Store<RequestState>| -> wasmtime::Result<_> {
             let request = store
@@ -107,6 +239,8 @@ impl Guest {
         let metrics = metrics.cloned();
         let task = tokio::spawn(
             async move {
+                // The slot is the instance's: it is free again only when the task ends.
+                let _slot = slot;
                 let started = Instant::now();
                 let service = pre.instantiate_async(&mut store).await?;
                 if let Some(metrics) = metrics {
@@ -119,7 +253,13 @@ impl Guest {
             }
             .in_current_span(),
         );
-        match receiver.await {
+        // A guest blocked in a host call cannot be interrupted by epochs: this is the backstop.
+        let backstop = self.limits.request_timeout + Duration::from_secs(1);
+        let Ok(answer) = tokio::time::timeout(backstop, receiver).await else {
+            task.abort();
+            return Err(Error::Timeout);
+        };
+        match answer {
             Ok(Ok(response)) => Ok(response),
             Ok(Err(code)) => Err(Error::GuestFailed(format!(
                 "guest answered with error {code:?}"
@@ -127,6 +267,7 @@ impl Guest {
             // The sender is dropped with the store: the task has ended without a response.
             Err(_) => Err(Error::GuestFailed(match task.await {
                 Ok(Ok(())) => "guest returned without sending a response".to_string(),
+                Ok(Err(trap)) if trap.is::<DeadlineExceeded>() => return Err(Error::Timeout),
                 Ok(Err(trap)) => one_line(trap),
                 Err(join_error) => join_error.to_string(),
             })),

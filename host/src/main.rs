@@ -35,7 +35,8 @@ fn main() -> ExitCode {
 }
 
 async fn run(config: Config) -> anyhow::Result<()> {
-    let runtime = Arc::new(Runtime::new(ComponentCache::new(&config.cache_dir))?);
+    let cache = ComponentCache::new(&config.cache_dir);
+    let runtime = Arc::new(Runtime::new(cache, config.guest_limits())?);
     let loading = Instant::now();
     let (guest, cache) = runtime.load(&config.guest)?;
     // A guest that fails its health probe still starts (its requests get 500s); a reload of such

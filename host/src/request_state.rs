@@ -27,6 +27,8 @@ pub struct RequestState {
     pub(crate) request_span: tracing::Span,
     /// The guest's spans still open, innermost last, by resource handle.
     pub(crate) open_spans: Vec<(u32, tracing::Span)>,
+    /// The per-instance resource limits (linear memory), enforced by wasmtime.
+    pub(crate) limits: wasmtime::StoreLimits,
     /// Whether the guest's spans and logs are recorded (not for the host's own health probes).
     pub(crate) telemetry_enabled: bool,
 }
@@ -48,6 +50,7 @@ impl RequestState {
             request_span,
             open_spans: Vec::new(),
             telemetry_enabled: true,
+            limits: wasmtime::StoreLimits::default(),
         }
     }
 

@@ -10,6 +10,10 @@ pub type ResponseBody = wasmtime_wasi_http::p2::body::HyperOutgoingBody;
 
 /// Message of the 500 answered when the guest traps or produces no response.
 pub const INTERNAL_ERROR: &str = "Internal server error";
+/// Message of the 503 answered when the guest runs past the request deadline.
+pub const TIMED_OUT: &str = "Request timed out";
+/// Message of the 503 answered when every guest instance slot stays busy.
+pub const BUSY: &str = "Server busy, try again";
 /// Message of the 413 answered for a body over the limit.
 pub const BODY_TOO_LARGE: &str = "Request body too large";
 

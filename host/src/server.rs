@@ -15,11 +15,12 @@ use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
 use hyper::body::Incoming;
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
-use hyper_util::rt::TokioIo;
+use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
 use tokio::net::TcpListener;
 use tracing::Instrument;
 
+use crate::error::Error;
 use crate::guest::Guest;
 use crate::instrument;
 use crate::metrics::{self, LookupResult, Metrics};
@@ -32,6 +33,10 @@ use crate::user_store::UserStore;
 pub const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 /// The longest client-supplied request id that is kept.
 pub const MAX_REQUEST_ID_LEN: usize = 128;
+/// How long a client may take to send a request's head; a slower one is disconnected.
+pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(5);
+/// The most bytes of request line and headers hyper buffers; a larger head is refused by hyper.
+pub const MAX_HEADER_BYTES: usize = 64 * 1024;
 /// How long in-flight requests may take to finish once shutdown starts.
 pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 
@@ -134,6 +139,14 @@ impl App {
         let guest = self.serving_guest().guest;
         match guest.handle(state, request, Some(&self.metrics)).await {
             Ok(response) => response,
+            Err(Error::Timeout) => {
+                tracing::error!("guest ran past the request deadline; answering 503");
+                responses::error(StatusCode::SERVICE_UNAVAILABLE, responses::TIMED_OUT)
+            }
+            Err(Error::Busy) => {
+                tracing::warn!("no guest instance slot came free; answering 503");
+                responses::error(StatusCode::SERVICE_UNAVAILABLE, responses::BUSY)
+            }
             Err(error) => {
                 tracing::error!(%error, "guest failed; answering 500");
                 responses::error(StatusCode::INTERNAL_SERVER_ERROR, responses::INTERNAL_ERROR)
@@ -239,7 +252,11 @@ pub async fn serve(listener: TcpListener, app: Arc<App>, shutdown: impl Future<O
             let app = Arc::clone(&app);
             async move { Ok::<_, Infallible>(app.handle(request).await) }
         });
-        let connection = http1::Builder::new().serve_connection(TokioIo::new(stream), service);
+        let connection = http1::Builder::new()
+            .timer(TokioTimer::new())
+            .header_read_timeout(HEADER_READ_TIMEOUT)
+            .max_buf_size(MAX_HEADER_BYTES)
+            .serve_connection(TokioIo::new(stream), service);
         let connection = connections.watch(connection);
         tokio::spawn(async move {
             // A client that vanishes or speaks garbage ends its own connection, nothing more.

@@ -1,0 +1,226 @@
+//! End-to-end tests of isolation and limits: hostile guests (`fixtures/hostile-guest`,
+//! `fixtures/panicking-guest`), hostile clients, and graceful shutdown. The host must answer with
+//! the contract's errors and keep serving.
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+use support::jaeger::Agent;
+use support::{Host, client, guest_path, raw_request};
+
+fn hostile_host(env: &[(&str, &str)]) -> Host {
+    Host::start_with(&guest_path("hostile-guest"), env)
+}
+
+async fn get(host: &Host, path: &str) -> (u16, Value) {
+    let response = client().get(host.url(path)).send().await.unwrap();
+    let status = response.status().as_u16();
+    (status, response.json().await.unwrap_or(Value::Null))
+}
+
+async fn assert_still_serving(host: &Host) {
+    assert_eq!(
+        get(host, "/api/health").await.0,
+        200,
+        "the host stopped serving"
+    );
+}
+
+#[tokio::test]
+async fn a_trapping_guest_gets_500_quickly() {
+    let host = Host::start_with(&guest_path("panicking-guest"), &[]);
+    let started = Instant::now();
+    let (status, body) = get(&host, "/api/health").await;
+    assert_eq!(
+        (status, body),
+        (500, json!({"error": "Internal server error"}))
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(1),
+        "took {:?}",
+        started.elapsed()
+    );
+}
+
+#[tokio::test]
+async fn a_looping_guest_is_stopped_at_the_deadline_with_503() {
+    let host = hostile_host(&[("REQUEST_TIMEOUT_MS", "500")]);
+    let started = Instant::now();
+    let (status, body) = get(&host, "/loop").await;
+    let elapsed = started.elapsed();
+    assert_eq!((status, body), (503, json!({"error": "Request timed out"})));
+    assert!(
+        elapsed >= Duration::from_millis(500) && elapsed < Duration::from_secs(5),
+        "took {elapsed:?}"
+    );
+    assert_still_serving(&host).await;
+}
+
+#[tokio::test]
+async fn metrics_and_health_answer_while_guests_loop_on_every_core() {
+    let host = hostile_host(&[("REQUEST_TIMEOUT_MS", "4000")]);
+    let loops: Vec<_> = (0..2)
+        .map(|_| {
+            let url = host.url("/loop");
+            tokio::spawn(async move { client().get(url).send().await.unwrap().status().as_u16() })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    for path in ["/metrics", "/api/health"] {
+        let started = Instant::now();
+        assert_eq!(
+            client().get(host.url(path)).send().await.unwrap().status(),
+            200
+        );
+        assert!(
+            started.elapsed() < Duration::from_secs(1),
+            "{path} took {:?}",
+            started.elapsed()
+        );
+    }
+    for looping in loops {
+        assert_eq!(looping.await.unwrap(), 503);
+    }
+}
+
+#[tokio::test]
+async fn a_guest_that_hoards_memory_gets_500_at_its_cap() {
+    let host = hostile_host(&[("GUEST_MEMORY_MB", "32")]);
+    let started = Instant::now();
+    let (status, body) = get(&host, "/hoard").await;
+    assert_eq!(
+        (status, body),
+        (500, json!({"error": "Internal server error"}))
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "took {:?}",
+        started.elapsed()
+    );
+    assert_still_serving(&host).await;
+}
+
+#[tokio::test]
+async fn the_sandboxed_guest_gets_errors_never_the_hosts_files_env_or_network() {
+    let host = hostile_host(&[("SECRET_FOR_THE_GUEST", "leak")]);
+    let (status, body) = get(&host, "/escape").await;
+    assert_eq!(status, 200, "{body}");
+    assert!(
+        body["file"].as_str().unwrap().starts_with("denied"),
+        "{body}"
+    );
+    assert!(
+        body["http"].as_str().unwrap().starts_with("denied"),
+        "{body}"
+    );
+    assert_eq!(body["env"], "0 variables");
+}
+
+#[tokio::test]
+async fn too_many_concurrent_requests_wait_briefly_then_get_503() {
+    let host = hostile_host(&[("MAX_INSTANCES", "1"), ("REQUEST_TIMEOUT_MS", "3000")]);
+    let url = host.url("/loop");
+    let looping =
+        tokio::spawn(async move { client().get(url).send().await.unwrap().status().as_u16() });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let started = Instant::now();
+    let (status, body) = get(&host, "/api/health").await;
+    assert_eq!(status, 503, "{body}");
+    assert_eq!(body.as_object().unwrap().len(), 1);
+    assert!(
+        started.elapsed() >= Duration::from_millis(900),
+        "answered without waiting"
+    );
+    assert_eq!(looping.await.unwrap(), 503);
+    assert_still_serving(&host).await;
+}
+
+#[tokio::test]
+async fn garbage_bytes_are_refused_by_hyper_and_the_host_serves_on() {
+    let host = Host::start();
+    let answer = raw_request(host.authority(), b"\x00\x01\x02 not http at all\r\n\r\n").await;
+    assert!(
+        answer.is_empty() || answer.starts_with("HTTP/1.1 400"),
+        "{answer:?}"
+    );
+    assert_still_serving(&host).await;
+}
+
+#[tokio::test]
+async fn a_100_kb_request_line_is_refused_and_the_host_serves_on() {
+    let host = Host::start();
+    let request = format!(
+        "GET /{} HTTP/1.1\r\nhost: x\r\n\r\n",
+        "a".repeat(100 * 1024)
+    );
+    let answer = raw_request(host.authority(), request.as_bytes()).await;
+    assert!(
+        answer.is_empty() || answer.starts_with("HTTP/1.1 4"),
+        "{}",
+        &answer[..answer.len().min(200)]
+    );
+    assert_still_serving(&host).await;
+}
+
+#[tokio::test]
+async fn a_half_sent_request_left_idle_is_disconnected() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let host = Host::start();
+    let mut stream = tokio::net::TcpStream::connect(host.authority())
+        .await
+        .unwrap();
+    stream
+        .write_all(b"GET /api/health HTTP/1.1\r\nhost: x\r\n")
+        .await
+        .unwrap();
+    let mut answer = Vec::new();
+    let closed =
+        tokio::time::timeout(Duration::from_secs(20), stream.read_to_end(&mut answer)).await;
+    assert!(closed.is_ok(), "the idle connection was never closed");
+    assert_still_serving(&host).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_lets_a_running_compute_finish_flushes_spans_and_exits_0() {
+    let mut agent = Agent::start();
+    let port = agent.port.to_string();
+    let mut host = Host::start_with(
+        &guest_path("guest"),
+        &[("OTEL_EXPORTER_JAEGER_AGENT_PORT", &port)],
+    );
+    let url = host.url("/api/compute");
+    let compute = tokio::spawn(async move {
+        let response = client()
+            .post(url)
+            .header("x-request-id", "last-words")
+            .json(&json!({"n": 35}))
+            .send()
+            .await
+            .unwrap();
+        (
+            response.status().as_u16(),
+            response.json::<Value>().await.unwrap(),
+        )
+    });
+    host.wait_for_log(|line| {
+        line["request_id"] == "last-words" && line["message"] == "compute started"
+    });
+    let status = host.terminate();
+
+    assert!(status.success(), "exit status {status:?}");
+    let (code, body) = compute.await.unwrap();
+    assert_eq!((code, &body["result"]), (200, &json!(9_227_465)), "{body}");
+    // Spans are batched every 5 s by default: these arrive only because shutdown flushed them.
+    let spans = agent.wait_for(|spans| {
+        spans
+            .iter()
+            .any(|span| span.str_tag("request_id") == Some("last-words"))
+    });
+    assert!(
+        spans
+            .iter()
+            .any(|span| span.operation_name == "compute.fibonacci")
+    );
+}
