@@ -4,7 +4,7 @@ GUEST_TARGET := wasm32-wasip2
 # Guests the integration tests run: the real one and the fixtures under tests/fixtures.
 GUEST_PACKAGES := -p guest -p panicking-guest -p minimal-guest -p command-component -p hostile-guest
 
-.PHONY: build guests target run test fmt lint clean
+.PHONY: build guests target run test fmt lint bench clean
 
 ## build: the guest component (release, wasm32-wasip2) and the host.
 build: guests
@@ -36,6 +36,10 @@ fmt:
 lint: target
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 	$(CARGO) clippy --target $(GUEST_TARGET) $(GUEST_PACKAGES) -- -D warnings
+
+## bench: release builds, every contender under wrk, criterion; writes BENCHMARKS.md (not in CI).
+bench:
+	bash bench/run.sh
 
 clean:
 	$(CARGO) clean

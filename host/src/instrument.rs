@@ -5,7 +5,7 @@
 //! to stdout and to the log file through non-blocking writers. `RUST_LOG` filters the logs only:
 //! spans are exported whatever the log level.
 
-use std::io::Write;
+use std::io::{BufWriter, Write};
 use std::path::Path;
 
 use http::{HeaderMap, Method};
@@ -52,9 +52,11 @@ impl Drop for TelemetryGuard {
 /// cannot be opened or an exporter that cannot start is one warning, and the service runs on.
 /// Must run inside the tokio runtime (the exporter's batch task lives there).
 pub fn init(log_file: &Path) -> TelemetryGuard {
-    let (stdout, stdout_guard) = tracing_appender::non_blocking(std::io::stdout());
+    // Buffered behind the non-blocking channel: its worker flushes whenever the channel runs
+    // dry, so a burst of lines is one write, not one system call per line.
+    let (stdout, stdout_guard) = tracing_appender::non_blocking(BufWriter::new(std::io::stdout()));
     let (file_target, file_error): (Box<dyn Write + Send>, _) = match open_append(log_file) {
-        Ok(file) => (Box::new(file), None),
+        Ok(file) => (Box::new(BufWriter::new(file)), None),
         Err(error) => (Box::new(std::io::sink()), Some(error)),
     };
     let (file, file_guard) = tracing_appender::non_blocking(file_target);
@@ -81,8 +83,13 @@ pub fn init(log_file: &Path) -> TelemetryGuard {
         Err(error) => (None, Some(error)),
     };
     let spans = tracer.map(|tracer| {
+        // Without code locations, thread ids and busy/idle timings: tags nobody reads here, and
+        // the exporter's Thrift encoding of every tag is a visible share of the host's CPU.
         tracing_opentelemetry::layer()
             .with_tracer(tracer)
+            .with_location(false)
+            .with_threads(false)
+            .with_tracked_inactivity(false)
             .with_filter(info_spans())
     });
     tracing_subscriber::registry().with(logs).with(spans).init();
@@ -126,6 +133,7 @@ fn jaeger_tracer() -> Result<opentelemetry_sdk::trace::Tracer, opentelemetry::tr
         .with_service_name(service_name)
         // Without splitting, a batch over the 65,000-byte UDP limit is dropped whole.
         .with_auto_split_batch(true)
+        .with_instrumentation_library_tags(false)
         // The exporter's async agent client hands tokio a blocking UDP socket (tokio asserts
         // against that); the sync client sends from the batch task, and a UDP send never waits.
         .build_sync_agent_exporter()?;

@@ -1,0 +1,148 @@
+"""Turns one `make bench` run's results into the issue's table, BENCHMARKS.md and an SVG chart.
+
+Usage: report.py RESULTS_DIR. Reads the JSON lines bench/run.sh stored there and criterion's
+estimates; prints the table; writes BENCHMARKS.md and bench/throughput.svg.
+"""
+import json
+import os
+import platform
+import sys
+from pathlib import Path
+
+results = Path(sys.argv[1])
+root = Path(__file__).resolve().parent.parent
+
+
+def read(name):
+    path = results / f"{name}.json"
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def rps(run):
+    return run["requests"] / (run["duration_us"] / 1e6) if run else None
+
+
+def criterion_ns(group, bench):
+    path = results / "criterion" / group / bench / "new" / "estimates.json"
+    return json.loads(path.read_text())["mean"]["point_estimate"] if path.exists() else None
+
+
+contenders = [
+    ("native-hyper", "native tokio + hyper"),
+    ("host-minimal", "our host + minimal guest"),
+    ("host-real", "our host + real guest, full telemetry"),
+    ("wasmtime-serve-minimal", "wasmtime serve + minimal guest"),
+]
+runs = {name: read(name) for name, _ in contenders}
+throughput = {name: rps(run) for name, run in runs.items()}
+
+serve = throughput["wasmtime-serve-minimal"]
+fib_native = criterion_ns("fib30", "native")
+fib_guest = criterion_ns("fib30", "in-guest")
+per_request = {
+    name: criterion_ns("instantiate_and_handle", name) for name in ("real-guest", "minimal-guest")
+}
+mixed = read("health-under-compute")
+memory = read("memory")
+start = read("start")
+
+
+def ratio(a, b):
+    return a / b if a and b else None
+
+
+rows = [
+    ("throughput, host + minimal guest / wasmtime serve + minimal guest",
+     ratio(throughput["host-minimal"], serve), ">= 2.0", lambda v: v >= 2.0, "{:.2f}"),
+    ("throughput, host + real guest (full telemetry) / wasmtime serve + minimal guest",
+     ratio(throughput["host-real"], serve), ">= 1.0", lambda v: v >= 1.0, "{:.2f}"),
+    ("fib(30) in the guest (epoch deadline on) / native",
+     ratio(fib_guest, fib_native), "<= 1.3", lambda v: v <= 1.3, "{:.2f}"),
+    ("GET /api/health p99 while two clients run n=32 computes (ms)",
+     mixed["p99_us"] / 1000 if mixed else None, "<= 10", lambda v: v <= 10, "{:.2f}"),
+    ("host resident memory at 256 connections (MB)",
+     memory["rss_late_kb"] / 1024 if memory else None, "<= 150", lambda v: v <= 150, "{:.1f}"),
+    ("resident memory growth over the run (%)",
+     100 * (memory["rss_late_kb"] - memory["rss_early_kb"]) / memory["rss_early_kb"] if memory else None,
+     "<= 10", lambda v: v <= 10, "{:.1f}"),
+    ("start to first 200, release, cache warm (s)",
+     start["start_ms"] / 1000 if start else None, "<= 0.5", lambda v: v <= 0.5, "{:.3f}"),
+]
+
+
+def cell(value, fmt):
+    return fmt.format(value) if value is not None else "n/a"
+
+
+table = ["| Measure | This run | Target | Met |", "|---|---|---|---|"]
+for label, value, target, ok, fmt in rows:
+    met = "n/a" if value is None else ("yes" if ok(value) else "**no**")
+    table.append(f"| {label} | {cell(value, fmt)} | {target} | {met} |")
+
+contender_table = ["| Contender | requests/s | p50 (ms) | p99 (ms) | non-2xx + socket errors | / native |",
+                   "|---|---|---|---|---|---|"]
+for name, label in contenders:
+    run = runs[name]
+    if not run:
+        contender_table.append(f"| {label} | not run | | | | |")
+        continue
+    contender_table.append(
+        f"| {label} | {throughput[name]:,.0f} | {run['p50_us'] / 1000:.2f} | {run['p99_us'] / 1000:.2f} "
+        f"| {run['non_2xx'] + run['socket_errors']} | {throughput[name] / throughput['native-hyper']:.3f} |")
+per_request_lines = [f"- one instantiate + handle of `GET /api/health`, no sockets: "
+                     f"{name} {ns / 1000:.1f} µs" for name, ns in per_request.items() if ns]
+if fib_native and fib_guest:
+    per_request_lines.append(f"- fib(30): native {fib_native / 1e6:.2f} ms, in the guest {fib_guest / 1e6:.2f} ms")
+
+print("\n".join(contender_table))
+print()
+print("\n".join(table))
+print()
+print("\n".join(per_request_lines))
+
+# The chart: requests/s per contender, and the health p99 under the mixed load.
+bars = [(label, throughput[name]) for name, label in contenders if throughput[name]]
+width, bar_height, left = 760, 34, 300
+height = 70 + len(bars) * (bar_height + 12) + 60
+peak = max(value for _, value in bars)
+svg = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" font-family="sans-serif" font-size="13">',
+       f'<rect width="{width}" height="{height}" fill="white"/>',
+       '<text x="20" y="28" font-size="16" font-weight="bold">GET /api/health, requests/s (wrk -t2 -c32, loopback, 2 cores)</text>']
+for i, (label, value) in enumerate(bars):
+    y = 50 + i * (bar_height + 12)
+    length = (width - left - 110) * value / peak
+    svg.append(f'<text x="{left - 10}" y="{y + bar_height * 0.65}" text-anchor="end">{label}</text>')
+    svg.append(f'<rect x="{left}" y="{y}" width="{length:.1f}" height="{bar_height}" fill="#4a7bd0"/>')
+    svg.append(f'<text x="{left + length + 6:.1f}" y="{y + bar_height * 0.65}">{value:,.0f}</text>')
+if mixed:
+    y = height - 20
+    svg.append(f'<text x="20" y="{y}">p99 of GET /api/health while both cores run n=32 computes: '
+               f'{mixed["p99_us"] / 1000:.2f} ms (target 10 ms)</text>')
+svg.append("</svg>")
+(root / "bench" / "throughput.svg").write_text("\n".join(svg) + "\n")
+
+cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")), "unknown")
+machine = f"{os.cpu_count()} cores ({cpu}), {platform.system()} {platform.release()}"
+(root / "BENCHMARKS.md").write_text(f"""# Benchmarks
+
+Written by `make bench` (bench/run.sh, bench/report.py) from one run; every ratio compares
+contenders measured one after the other in that run. Absolute numbers move with the machine and
+its neighbours; the ratios are what to compare between runs.
+
+Machine: {machine}.
+
+![requests/s per contender](bench/throughput.svg)
+
+## Throughput and latency (wrk -t2 -c32, GET /api/health, {os.environ.get('BENCH_SECONDS', '10')} s each)
+
+{chr(10).join(contender_table)}
+
+## Targets
+
+{chr(10).join(table)}
+
+## Per request, without sockets (criterion)
+
+{chr(10).join(per_request_lines)}
+""")
+print("\nwrote BENCHMARKS.md and bench/throughput.svg")
