@@ -51,7 +51,7 @@ pub struct GuestLimits {
 
 /// How often the epoch advances: the granularity of deadlines, and how long a guest computes
 /// before it yields its thread to other requests.
-pub const EPOCH_TICK: Duration = Duration::from_millis(5);
+pub const EPOCH_TICK: Duration = Duration::from_millis(2);
 
 /// Bytes of each memory and table slot reset by memset and kept resident between requests.
 const KEEP_RESIDENT_BYTES: usize = 2 << 20;

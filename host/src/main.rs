@@ -15,9 +15,19 @@ use host::server::{self, App, ServingGuest};
 use host::user_store::UserStore;
 use tokio::net::TcpListener;
 
+/// Scheduler ticks between two polls of the network by a busy worker.
+const EVENT_INTERVAL: u32 = 4;
+
 fn main() -> ExitCode {
     let config = Config::parse();
-    let runtime = tokio::runtime::Runtime::new().expect("starting the tokio runtime");
+    // A worker running guests polls the network only every `event_interval` scheduler ticks; a
+    // guest yields at every epoch tick, so the default (61) would let computations delay the
+    // accept loop and cheap requests by tens of milliseconds.
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .event_interval(EVENT_INTERVAL)
+        .build()
+        .expect("starting the tokio runtime");
     // The exporter's batch task lives in the runtime, so telemetry starts inside it.
     let telemetry = runtime.block_on(async { instrument::init(&config.log_file) });
     let outcome = runtime.block_on(run(config));
