@@ -23,7 +23,26 @@ async fn send(
     if let Some(body) = body {
         request = request.json(&body);
     }
-    let response = request.send().await.unwrap();
+    answer(request.send().await.unwrap()).await
+}
+
+/// Sends a `POST` with a raw body and, if given, a `Content-Type`.
+async fn post_raw(
+    host: &Host,
+    path: &str,
+    content_type: Option<&str>,
+    body: impl Into<reqwest::Body>,
+) -> (StatusCode, reqwest::header::HeaderMap, Value) {
+    let mut request = client().post(host.url(path)).body(body);
+    if let Some(content_type) = content_type {
+        request = request.header("content-type", content_type);
+    }
+    answer(request.send().await.unwrap()).await
+}
+
+/// Status, headers and the body parsed as JSON (a JSON string of the text if it is not JSON,
+/// `null` if empty).
+async fn answer(response: reqwest::Response) -> (StatusCode, reqwest::header::HeaderMap, Value) {
     let status = response.status();
     let headers = response.headers().clone();
     let text = response.text().await.unwrap();
@@ -269,15 +288,8 @@ async fn compute_refuses_n_out_of_range_or_not_a_json_integer() {
         r#"{}"#,
     ];
     for body in refused {
-        let response = client()
-            .post(host.url("/api/compute"))
-            .header("content-type", "application/json")
-            .body(body)
-            .send()
-            .await
-            .unwrap();
-        let (status, headers) = (response.status(), response.headers().clone());
-        let answer: Value = response.json().await.unwrap();
+        let (status, headers, answer) =
+            post_raw(&host, "/api/compute", Some("application/json"), body).await;
         assert_error(status, &headers, &answer, StatusCode::BAD_REQUEST);
     }
 }
@@ -339,25 +351,18 @@ async fn a_post_without_json_content_type_is_415() {
         Some("text/plain"),
         Some("application/x-www-form-urlencoded"),
     ] {
-        let mut request = client()
-            .post(host.url("/api/users"))
-            .body(r#"{"name":"A","email":"a@example.com"}"#);
-        if let Some(content_type) = content_type {
-            request = request.header("content-type", content_type);
-        }
-        let response = request.send().await.unwrap();
-        let (status, headers) = (response.status(), response.headers().clone());
-        let body: Value = response.json().await.unwrap();
+        let user = r#"{"name":"A","email":"a@example.com"}"#;
+        let (status, headers, body) = post_raw(&host, "/api/users", content_type, user).await;
         assert_error(status, &headers, &body, StatusCode::UNSUPPORTED_MEDIA_TYPE);
     }
-    let with_charset = client()
-        .post(host.url("/api/compute"))
-        .header("content-type", "application/json; charset=utf-8")
-        .body(r#"{"n": 5}"#)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(with_charset.status(), StatusCode::OK);
+    let with_charset = post_raw(
+        &host,
+        "/api/compute",
+        Some("application/json; charset=utf-8"),
+        r#"{"n": 5}"#,
+    )
+    .await;
+    assert_eq!(with_charset.0, StatusCode::OK);
 }
 
 #[tokio::test]
@@ -373,15 +378,8 @@ async fn a_body_that_is_not_a_json_object_is_400() {
         "{\"name\":\"A\",}",
     ] {
         for path in ["/api/users", "/api/compute"] {
-            let response = client()
-                .post(host.url(path))
-                .header("content-type", "application/json")
-                .body(body)
-                .send()
-                .await
-                .unwrap();
-            let (status, headers) = (response.status(), response.headers().clone());
-            let answer: Value = response.json().await.unwrap();
+            let (status, headers, answer) =
+                post_raw(&host, path, Some("application/json"), body).await;
             assert_error(status, &headers, &answer, StatusCode::BAD_REQUEST);
         }
     }
@@ -396,15 +394,13 @@ async fn a_body_over_the_limit_is_413_before_the_guest_runs() {
     );
 
     // Declared by Content-Length.
-    let response = client()
-        .post(host.url("/api/users"))
-        .header("content-type", "application/json")
-        .body(oversized.clone())
-        .send()
-        .await
-        .unwrap();
-    let (status, headers) = (response.status(), response.headers().clone());
-    let body: Value = response.json().await.unwrap();
+    let (status, headers, body) = post_raw(
+        &host,
+        "/api/users",
+        Some("application/json"),
+        oversized.clone(),
+    )
+    .await;
     assert_error(status, &headers, &body, StatusCode::PAYLOAD_TOO_LARGE);
 
     // Streamed in chunks, with no declared length.
@@ -423,25 +419,16 @@ async fn a_body_over_the_limit_is_413_before_the_guest_runs() {
 #[tokio::test]
 async fn the_default_body_limit_is_one_mebibyte() {
     let host = Host::start();
-    let body = vec![b' '; 2 * 1024 * 1024];
-    let response = client()
-        .post(host.url("/api/compute"))
-        .header("content-type", "application/json")
-        .body(body)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(response.status(), StatusCode::PAYLOAD_TOO_LARGE);
+    let json = Some("application/json");
+    let (status, headers, body) =
+        post_raw(&host, "/api/compute", json, vec![b' '; 2 * 1024 * 1024]).await;
+    assert_error(status, &headers, &body, StatusCode::PAYLOAD_TOO_LARGE);
     let mut within = vec![b' '; 1024 * 1024 - 8];
     within.extend_from_slice(br#"{"n":3}"#);
-    let response = client()
-        .post(host.url("/api/compute"))
-        .header("content-type", "application/json")
-        .body(within)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(response.status(), StatusCode::OK);
+    assert_eq!(
+        post_raw(&host, "/api/compute", json, within).await.0,
+        StatusCode::OK
+    );
 }
 
 #[tokio::test]

@@ -47,19 +47,8 @@ async fn wait_for_version(host: &Host, version: &str) {
 }
 
 async fn reloads(host: &Host, result: &str) -> f64 {
-    let text = client()
-        .get(host.url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    support::prometheus::value(
-        &support::prometheus::parse(&text),
-        "guest_reloads_total",
-        &[("result", result)],
-    )
+    let samples = support::prometheus::scrape(host).await;
+    support::prometheus::value(&samples, "guest_reloads_total", &[("result", result)])
 }
 
 fn count_lines(host: &Host, message: &str) -> usize {

@@ -394,19 +394,7 @@ async fn an_unwritable_log_file_is_one_warning_and_the_service_runs_on() {
 
 /// The value of the sample `name` with exactly `labels`, from a fresh `/metrics` scrape.
 async fn sample(host: &Host, name: &str, labels: &[(&str, &str)]) -> f64 {
-    support::prometheus::value(&scrape(host).await, name, labels)
-}
-
-async fn scrape(host: &Host) -> Vec<support::prometheus::Sample> {
-    let text = client()
-        .get(host.url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    support::prometheus::parse(&text)
+    support::prometheus::value(&support::prometheus::scrape(host).await, name, labels)
 }
 
 #[tokio::test]
@@ -483,7 +471,7 @@ async fn a_thousand_random_ids_make_one_bounded_route_label() {
     for path in ["/random/1", "/random/2", "/api/users/a/b"] {
         client().get(host.url(path)).send().await.unwrap();
     }
-    let routes: HashSet<String> = scrape(&host)
+    let routes: HashSet<String> = support::prometheus::scrape(&host)
         .await
         .into_iter()
         .filter(|sample| sample.name == "http_requests_total")

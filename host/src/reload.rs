@@ -57,7 +57,7 @@ impl Reloader {
                 tracing::info!(
                     trigger,
                     path,
-                    old_version = old.version,
+                    old_version = %old.version,
                     new_version = version,
                     cache = cache.as_str(),
                     load_ms = started.elapsed().as_millis() as u64,

@@ -43,7 +43,7 @@ pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 /// Everything the per-request path needs, shared by all connections.
 pub struct App {
     /// The guest serving new requests; a reload swaps it while running requests keep theirs.
-    guest: RwLock<ServingGuest>,
+    guest: RwLock<Arc<ServingGuest>>,
     users: Arc<UserStore>,
     metrics: Arc<Metrics>,
     max_body_bytes: usize,
@@ -53,7 +53,7 @@ impl App {
     /// The service around `guest`, with `users` as its store and bodies capped at `max_body_bytes`.
     pub fn new(guest: ServingGuest, users: Arc<UserStore>, max_body_bytes: usize) -> App {
         App {
-            guest: RwLock::new(guest),
+            guest: RwLock::new(Arc::new(guest)),
             users,
             metrics: Arc::new(Metrics::new()),
             max_body_bytes,
@@ -136,8 +136,12 @@ impl App {
         }
         let request = Request::from_parts(parts, Full::new(body));
         let state = RequestState::new(Arc::clone(&self.users), span.clone());
-        let guest = self.serving_guest().guest;
-        match guest.handle(state, request, Some(&self.metrics)).await {
+        let serving = self.serving_guest();
+        match serving
+            .guest
+            .handle(state, request, Some(&self.metrics))
+            .await
+        {
             Ok(response) => response,
             Err(Error::Timeout) => {
                 tracing::error!("guest ran past the request deadline; answering 503");
@@ -155,17 +159,15 @@ impl App {
     }
 
     /// The guest serving new requests, and its version.
-    pub fn serving_guest(&self) -> ServingGuest {
-        self.guest
-            .read()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone()
+    pub fn serving_guest(&self) -> Arc<ServingGuest> {
+        // Only an `Arc` is cloned under the lock: the per-request cost is one atomic increment.
+        Arc::clone(&self.guest.read().unwrap_or_else(PoisonError::into_inner))
     }
 
     /// Serves new requests with `guest` from now on; returns the guest it replaces.
-    pub fn swap_guest(&self, guest: ServingGuest) -> ServingGuest {
+    pub fn swap_guest(&self, guest: ServingGuest) -> Arc<ServingGuest> {
         let mut serving = self.guest.write().unwrap_or_else(PoisonError::into_inner);
-        std::mem::replace(&mut serving, guest)
+        std::mem::replace(&mut serving, Arc::new(guest))
     }
 
     /// The host's metrics.
@@ -183,7 +185,6 @@ impl App {
 }
 
 /// A loaded guest and the version its health probe reported.
-#[derive(Clone)]
 pub struct ServingGuest {
     /// The pre-instantiated component; cheap to clone.
     pub guest: Guest,

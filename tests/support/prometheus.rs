@@ -60,3 +60,13 @@ pub fn value(samples: &[Sample], name: &str, labels: &[(&str, &str)]) -> f64 {
         })
         .map_or(0.0, |sample| sample.value)
 }
+
+/// A fresh scrape of the host's `/metrics`, parsed.
+pub async fn scrape(host: &super::Host) -> Vec<Sample> {
+    let response = super::client()
+        .get(host.url("/metrics"))
+        .send()
+        .await
+        .unwrap();
+    parse(&response.text().await.unwrap())
+}
