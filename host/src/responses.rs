@@ -14,6 +14,8 @@ pub const INTERNAL_ERROR: &str = "Internal server error";
 pub const TIMED_OUT: &str = "Request timed out";
 /// Message of the 503 answered when every guest instance slot stays busy.
 pub const BUSY: &str = "Server busy, try again";
+/// Message of the 400 answered when the client's body cannot be read off the connection.
+pub const UNREADABLE_BODY: &str = "Could not read the request body";
 /// Message of the 413 answered for a body over the limit.
 pub const BODY_TOO_LARGE: &str = "Request body too large";
 

@@ -121,10 +121,7 @@ impl App {
             // 404 and 405 come before 413: the guest answers those without reading the body.
             Err(BodyError::TooLarge) => Bytes::new(),
             Err(BodyError::Unreadable) => {
-                return responses::error(
-                    StatusCode::BAD_REQUEST,
-                    "Could not read the request body",
-                );
+                return responses::error(StatusCode::BAD_REQUEST, responses::UNREADABLE_BODY);
             }
         };
         parts.headers.insert(REQUEST_ID, request_id.clone());
