@@ -44,8 +44,8 @@ pub struct GuestLimits {
     pub request_timeout: Duration,
     /// Linear memory one instance may grow to.
     pub memory_bytes: usize,
-    /// Instances alive at once; the pooling allocator is sized for this many (plus one for a
-    /// reload's health probe).
+    /// Instances alive at once (a reload's health probe counts as one); the pooling allocator
+    /// reserves one spare slot beyond this.
     pub max_instances: u32,
 }
 
