@@ -177,7 +177,7 @@ impl Default for Metrics {
 }
 
 /// The content type of [`Metrics::render`]'s output.
-pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
+pub const CONTENT_TYPE: &str = prometheus::TEXT_FORMAT;
 
 /// Standard methods by name; any other method is one `OTHER` label, so clients cannot grow the
 /// label set.
