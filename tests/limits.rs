@@ -224,3 +224,20 @@ async fn sigterm_lets_a_running_compute_finish_flushes_spans_and_exits_0() {
             .any(|span| span.operation_name == "compute.fibonacci")
     );
 }
+
+#[tokio::test]
+async fn a_deeply_nested_body_is_a_400_not_a_stack_overflow() {
+    let host = Host::start();
+    for depth in [100, 10_000] {
+        let body = format!(r#"{{"n":{}{}}}"#, "[".repeat(depth), "]".repeat(depth));
+        let response = client()
+            .post(host.url("/api/compute"))
+            .header("content-type", "application/json")
+            .body(body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 400, "depth {depth}");
+    }
+    assert_still_serving(&host).await;
+}
