@@ -1,8 +1,8 @@
 //! The API's route templates, as the host needs them.
 //!
 //! The guest owns routing; the host only needs to know which requests reach a real endpoint, to
-//! apply the body limit in the contract's order (404 and 405 come before 413) and, later, to
-//! label metrics and spans with a bounded set of templates instead of raw paths.
+//! apply the body limit in the contract's order (404 and 405 come before 413), and to label
+//! metrics and spans with a bounded set of templates instead of raw paths.
 
 use http::Method;
 
