@@ -52,10 +52,8 @@ async fn reloads(host: &Host, result: &str) -> f64 {
 }
 
 fn count_lines(host: &Host, message: &str) -> usize {
-    host.log_lines()
-        .iter()
-        .filter(|line| line["message"] == message)
-        .count()
+    host.log_lines_where(|line| line["message"] == message)
+        .len()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -152,11 +150,7 @@ async fn garbage_another_world_and_a_failing_guest_are_rejected_while_the_old_gu
             source.display()
         );
     }
-    let errors: Vec<Value> = host
-        .log_lines()
-        .into_iter()
-        .filter(|line| line["level"] == "ERROR")
-        .collect();
+    let errors: Vec<Value> = host.log_lines_where(|line| line["level"] == "ERROR");
     assert_eq!(
         errors.len(),
         3,

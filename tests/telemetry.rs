@@ -248,11 +248,7 @@ async fn log_lines_are_json_and_carry_the_request_id_and_trace_id() {
     assert_eq!(health["level"], "INFO");
     assert_eq!(health["http.request.method"], "GET");
     assert_eq!(health["http.route"], "/api/health");
-    let health_lines: Vec<Value> = host
-        .log_lines()
-        .into_iter()
-        .filter(|l| l["request_id"] == "log-me-1")
-        .collect();
+    let health_lines: Vec<Value> = host.log_lines_where(|l| l["request_id"] == "log-me-1");
     assert_eq!(
         health_lines.iter().filter(|l| l["level"] == "INFO").count(),
         1,
@@ -378,11 +374,7 @@ async fn an_unwritable_log_file_is_one_warning_and_the_service_runs_on() {
             .status(),
         200
     );
-    let warnings: Vec<Value> = host
-        .log_lines()
-        .into_iter()
-        .filter(|line| line["level"] == "WARN")
-        .collect();
+    let warnings: Vec<Value> = host.log_lines_where(|line| line["level"] == "WARN");
     assert_eq!(warnings.len(), 1, "{warnings:#?}");
     assert!(
         warnings[0]["message"]

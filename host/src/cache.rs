@@ -113,6 +113,10 @@ mod tests {
     /// The smallest valid component, in the binary format.
     const EMPTY_COMPONENT: &[u8] = &[0x00, 0x61, 0x73, 0x6d, 0x0d, 0x00, 0x01, 0x00];
 
+    fn outcome(cache: &ComponentCache, engine: &Engine) -> CacheOutcome {
+        cache.load_or_compile(engine, EMPTY_COMPONENT).unwrap().1
+    }
+
     fn cache() -> (ComponentCache, PathBuf) {
         let dir = std::env::temp_dir().join(format!(
             "cache-test-{}-{:?}",
@@ -127,14 +131,8 @@ mod tests {
     fn the_second_load_of_the_same_bytes_is_a_hit() {
         let (cache, _dir) = cache();
         let engine = Engine::default();
-        assert_eq!(
-            cache.load_or_compile(&engine, EMPTY_COMPONENT).unwrap().1,
-            CacheOutcome::Miss
-        );
-        assert_eq!(
-            cache.load_or_compile(&engine, EMPTY_COMPONENT).unwrap().1,
-            CacheOutcome::Hit
-        );
+        assert_eq!(outcome(&cache, &engine), CacheOutcome::Miss);
+        assert_eq!(outcome(&cache, &engine), CacheOutcome::Hit);
     }
 
     #[test]
@@ -151,14 +149,8 @@ mod tests {
         let mut contents = std::fs::read(&entry).unwrap();
         contents[0] ^= 0xff;
         std::fs::write(&entry, contents).unwrap();
-        assert_eq!(
-            cache.load_or_compile(&engine, EMPTY_COMPONENT).unwrap().1,
-            CacheOutcome::Miss
-        );
-        assert_eq!(
-            cache.load_or_compile(&engine, EMPTY_COMPONENT).unwrap().1,
-            CacheOutcome::Hit
-        );
+        assert_eq!(outcome(&cache, &engine), CacheOutcome::Miss);
+        assert_eq!(outcome(&cache, &engine), CacheOutcome::Hit);
     }
 
     #[test]
@@ -170,10 +162,7 @@ mod tests {
         let mut config = wasmtime::Config::new();
         config.epoch_interruption(true);
         let other = Engine::new(&config).unwrap();
-        assert_eq!(
-            cache.load_or_compile(&other, EMPTY_COMPONENT).unwrap().1,
-            CacheOutcome::Miss
-        );
+        assert_eq!(outcome(&cache, &other), CacheOutcome::Miss);
         assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 2);
     }
 }

@@ -154,6 +154,17 @@ impl Host {
             .collect()
     }
 
+    /// The JSON stdout lines so far that satisfy `wanted`.
+    pub fn log_lines_where(
+        &self,
+        wanted: impl Fn(&serde_json::Value) -> bool,
+    ) -> Vec<serde_json::Value> {
+        self.log_lines()
+            .into_iter()
+            .filter(|line| wanted(line))
+            .collect()
+    }
+
     /// Waits until some stdout line satisfies `found`, or panics after 10 s.
     pub fn wait_for_log(&self, found: impl Fn(&serde_json::Value) -> bool) -> serde_json::Value {
         let deadline = std::time::Instant::now() + Duration::from_secs(10);
