@@ -171,16 +171,9 @@ async fn users_created_before_a_swap_are_listed_after_it() {
     let host = Host::start_with(&live, &[]);
     let mut created = Vec::new();
     for i in 0..3 {
-        let user: Value = client()
-            .post(host.url("/api/users"))
-            .json(&json!({"name": format!("U{i}"), "email": format!("u{i}@example.com")}))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
-        created.push(user);
+        created.push(
+            support::create_user(&host, &format!("U{i}"), &format!("u{i}@example.com")).await,
+        );
     }
     // Away to a guest that cannot even see the store, and back.
     replace_by_rename(&live, &guest_path("minimal-guest"));
@@ -190,15 +183,7 @@ async fn users_created_before_a_swap_are_listed_after_it() {
     host.signal("HUP");
     wait_for_version(&host, REAL_VERSION).await;
 
-    let listed: Value = client()
-        .get(host.url("/api/users"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    assert_eq!(listed, json!(created));
+    assert_eq!(support::get_json(&host, "/api/users").await, json!(created));
 }
 
 #[tokio::test]

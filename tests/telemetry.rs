@@ -408,15 +408,7 @@ async fn a_health_call_adds_exactly_one_200_to_http_requests_total() {
 #[tokio::test]
 async fn lookup_successes_and_failures_are_counted_apart() {
     let host = Host::start();
-    let user: Value = client()
-        .post(host.url("/api/users"))
-        .json(&json!({"name": "A", "email": "a@x.io"}))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let user = support::create_user(&host, "A", "a@x.io").await;
     let id = user["id"].as_str().unwrap();
     for _ in 0..2 {
         client()

@@ -272,6 +272,31 @@ pub fn client() -> reqwest::Client {
         .unwrap()
 }
 
+/// Creates a user through the API and returns it as the host answered it.
+pub async fn create_user(host: &Host, name: &str, email: &str) -> serde_json::Value {
+    let body = serde_json::json!({ "name": name, "email": email });
+    let response = client()
+        .post(host.url("/api/users"))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 201, "creating {email}");
+    response.json().await.unwrap()
+}
+
+/// `GET path`, its body parsed as JSON.
+pub async fn get_json(host: &Host, path: &str) -> serde_json::Value {
+    client()
+        .get(host.url(path))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap()
+}
+
 /// Sends one raw request over a fresh TCP connection and returns everything the host answered
 /// until it closed the connection. For requests an HTTP client library would refuse to send.
 pub async fn raw_request(authority: &str, request: &[u8]) -> String {
