@@ -8,10 +8,10 @@ pub const MAX_N: u32 = 35;
 /// The exponential cost is the point: the endpoint exists to produce CPU-bound work of a
 /// predictable size. Do not memoise.
 pub fn naive(n: u32) -> u64 {
-    match n {
-        0 => 0,
-        1 => 1,
-        _ => naive(n - 1) + naive(n - 2),
+    if n < 2 {
+        u64::from(n)
+    } else {
+        naive(n - 1) + naive(n - 2)
     }
 }
 

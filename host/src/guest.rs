@@ -11,8 +11,8 @@ use tokio::sync::{Semaphore, oneshot};
 use tracing::Instrument;
 use wasmtime::component::{HasSelf, Linker};
 use wasmtime::{
-    Engine, InstanceAllocationStrategy, PoolingAllocationConfig, Store, StoreLimitsBuilder,
-    UpdateDeadline,
+    Enabled, Engine, InstanceAllocationStrategy, PoolingAllocationConfig, Store,
+    StoreLimitsBuilder, UpdateDeadline,
 };
 use wasmtime_wasi_http::WasiHttpView;
 use wasmtime_wasi_http::p2::bindings::http::types::Scheme;
@@ -140,6 +140,8 @@ fn engine_config(limits: &GuestLimits) -> wasmtime::Config {
         // MiB (its stack, data and a little heap) per request.
         .linear_memory_keep_resident(KEEP_RESIDENT_BYTES)
         .table_keep_resident(KEEP_RESIDENT_BYTES)
+        // Where Linux offers PAGEMAP_SCAN (6.7+), only the pages the guest dirtied are reset.
+        .pagemap_scan(Enabled::Auto)
         // What is still decommitted is decommitted in batches, one system call per batch.
         .decommit_batch_size(DECOMMIT_BATCH);
     let mut config = wasmtime::Config::new();
