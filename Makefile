@@ -4,7 +4,14 @@ GUEST_TARGET := wasm32-wasip2
 # Guests the integration tests run: the real one and the fixtures under tests/fixtures.
 GUEST_PACKAGES := -p guest -p panicking-guest -p minimal-guest -p command-component -p hostile-guest
 
-.PHONY: build guests target run test fmt lint bench clean
+.PHONY: build guests target run test fmt lint bench clean deploy-check conformance load live-checks
+
+# The live checks' Python tools (schemathesis, locust) live in a virtual environment here.
+VENV := target/venv
+# The service the live checks and the load scenario talk to.
+SERVICE_URL ?= http://localhost:8080
+CONFORMANCE_SECONDS ?= 60
+LOAD_SECONDS ?= 60
 
 ## build: the guest component (release, wasm32-wasip2) and the host.
 build: guests
@@ -22,11 +29,38 @@ guests: target
 run: build
 	$(CARGO) run -p host
 
-## test: the guest's native tests, the host's unit tests and the end-to-end tests.
+## test: the guest's native tests, the host's unit and end-to-end tests (the dashboard's against
+## a real Prometheus), lint, format, the deploy files, and the live checks.
 test: build
 	$(CARGO) test --workspace
 	$(MAKE) lint
 	$(CARGO) fmt --all -- --check
+	$(MAKE) deploy-check
+	$(MAKE) live-checks
+
+## deploy-check: the Prometheus configuration and the compose file, checked by their own tools.
+deploy-check:
+	promtool check config deploy/prometheus.yml
+	docker-compose -f deploy/docker-compose.yml config --quiet
+
+## conformance: schemathesis, with docs/openapi.yaml, against the host at SERVICE_URL.
+conformance: $(VENV)/installed
+	$(VENV)/bin/schemathesis run docs/openapi.yaml --url $(SERVICE_URL) --checks all \
+		--max-time $(CONFORMANCE_SECONDS) --generation-database none
+
+## load: the locust scenario against the host at SERVICE_URL for LOAD_SECONDS; fails on any failure.
+load: $(VENV)/installed
+	LOAD_SECONDS=$(LOAD_SECONDS) $(VENV)/bin/locust -f tests/live/locustfile.py --headless \
+		--host $(SERVICE_URL) --run-time $(LOAD_SECONDS)s --only-summary
+
+## live-checks: a host on a free port, then conformance (60 s) and load (20 s) against it.
+live-checks: build $(VENV)/installed
+	bash tests/live/run.sh
+
+$(VENV)/installed: tests/live/requirements.txt
+	python3 -m venv $(VENV)
+	$(VENV)/bin/pip install --quiet --disable-pip-version-check -r tests/live/requirements.txt
+	touch $@
 
 ## fmt: format every crate.
 fmt:
