@@ -144,5 +144,7 @@ Machine: {machine}.
 ## Per request, without sockets (criterion)
 
 {chr(10).join(per_request_lines)}
+
+Where the CPU of one request goes, and what each change took away: [bench/PROFILE.md](bench/PROFILE.md).
 """)
 print("\nwrote BENCHMARKS.md and bench/throughput.svg")

@@ -25,8 +25,16 @@ def expect(response, status, check=None):
     if response.status_code != status:
         response.failure(f"expected {status}, got {response.status_code}: {response.text[:100]}")
         return None
-    body = response.json() if response.content else None
-    if check is not None and not check(body):
+    try:
+        body = response.json() if response.content else None
+    except ValueError:
+        response.failure(f"not JSON: {response.text[:100]}")
+        return None
+    try:
+        as_expected = check is None or check(body)
+    except (KeyError, TypeError):
+        as_expected = False
+    if not as_expected:
         response.failure(f"unexpected body: {response.text[:100]}")
         return None
     response.success()
