@@ -118,6 +118,33 @@ async fn the_sandboxed_guest_gets_errors_never_the_hosts_files_env_or_network() 
     assert_eq!(body["env"], "0 variables");
 }
 
+#[tokio::test(flavor = "multi_thread")]
+async fn every_request_gets_a_fresh_instance_whatever_the_last_one_wrote() {
+    let host = hostile_host(&[]);
+    let fresh = json!({"counter": 0, "dirty_words": 0, "dirty_grown_bytes": 0});
+    // One after the other (the pool hands the same slot back), then in bursts of 8.
+    for _ in 0..20 {
+        assert_eq!(get(&host, "/remember").await, (200, fresh.clone()));
+    }
+    for _ in 0..5 {
+        let burst: Vec<_> = (0..8)
+            .map(|_| {
+                let url = host.url("/remember");
+                tokio::spawn(async move {
+                    let response = client().get(url).send().await.unwrap();
+                    (
+                        response.status().as_u16(),
+                        response.json::<Value>().await.unwrap(),
+                    )
+                })
+            })
+            .collect();
+        for answer in burst {
+            assert_eq!(answer.await.unwrap(), (200, fresh.clone()));
+        }
+    }
+}
+
 #[tokio::test]
 async fn too_many_concurrent_requests_wait_briefly_then_get_503() {
     let host = hostile_host(&[("MAX_INSTANCES", "1"), ("REQUEST_TIMEOUT_MS", "3000")]);
