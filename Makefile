@@ -11,7 +11,7 @@ VENV := target/venv
 # The service the live checks and the load scenario talk to.
 SERVICE_URL ?= http://localhost:8080
 CONFORMANCE_SECONDS ?= 60
-LOAD_SECONDS ?= 60
+LOAD_SECONDS ?= 20
 
 ## build: the guest component (release, wasm32-wasip2) and the host.
 build: guests
