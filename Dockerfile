@@ -9,7 +9,8 @@ RUN rustup target add wasm32-wasip2 \
     && cargo build --release --locked --target wasm32-wasip2 -p guest \
     && cargo build --release --locked -p host
 
-# Runtime stage: the binary, the component, and a non-root user that owns only logs and cache.
+# Runtime stage: the binary, the component, and a non-root user (uid 10001, `service`) that
+# owns only the logs and cache directories.
 FROM debian:bookworm-slim
 RUN useradd --system --uid 10001 --home-dir /app --shell /usr/sbin/nologin service \
     && mkdir -p /app/logs /app/cache \
@@ -22,6 +23,6 @@ ENV GUEST_COMPONENT=/app/guest.wasm \
     BIND=0.0.0.0 \
     PORT=8080
 WORKDIR /app
-USER service
+USER 10001
 EXPOSE 8080
 ENTRYPOINT ["/usr/local/bin/host"]

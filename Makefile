@@ -6,7 +6,7 @@ GUEST_PACKAGES := -p guest -p panicking-guest -p minimal-guest -p command-compon
 
 .PHONY: build guests target run test fmt lint bench clean deploy-check conformance load live-checks
 
-# The live checks' Python tools (schemathesis, locust) live in a virtual environment here.
+# The checks' Python-packaged tools (schemathesis, locust, hadolint) live in a virtualenv here.
 VENV := target/venv
 # The service the live checks and the load scenario talk to.
 SERVICE_URL ?= http://localhost:8080
@@ -38,10 +38,12 @@ test: build
 	$(MAKE) deploy-check
 	$(MAKE) live-checks
 
-## deploy-check: the Prometheus configuration and the compose file, checked by their own tools.
-deploy-check:
+## deploy-check: the Prometheus configuration, the compose file and the Dockerfile, checked by
+## their own tools.
+deploy-check: $(VENV)/installed
 	promtool check config deploy/prometheus.yml
 	docker-compose -f deploy/docker-compose.yml config --quiet
+	$(VENV)/bin/hadolint Dockerfile
 
 ## conformance: schemathesis, with docs/openapi.yaml, against the host at SERVICE_URL.
 conformance: $(VENV)/installed
