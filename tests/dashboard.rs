@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
-use support::{Host, client, tempdir};
+use support::{Host, client, create_user, free_port, tempdir};
 
 /// The targets of the shipped scrape configuration, replaced by the test host's address.
 const SHIPPED_TARGETS: &str = r#"["host:8080", "host.docker.internal:8080"]"#;
@@ -46,14 +46,6 @@ fn dashboard_expressions() -> Vec<(String, String)> {
         }
     }
     expressions
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 /// A Prometheus server on loopback, killed when dropped.
@@ -135,15 +127,7 @@ async fn keep_traffic_flowing(host: Arc<Host>, stop: Arc<AtomicBool>) {
     let mut round = 0;
     while !stop.load(Ordering::Relaxed) {
         round += 1;
-        let created: Value = client
-            .post(host.url("/api/users"))
-            .json(&json!({"name": "Dash", "email": format!("dash-{round}@example.com")}))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
+        let created = create_user(&host, "Dash", &format!("dash-{round}@example.com")).await;
         let id = created["id"].as_str().unwrap();
         for path in [
             "/api/health".to_string(),

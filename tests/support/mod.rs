@@ -73,12 +73,7 @@ impl Host {
     /// The host serving the real guest on a port picked here, for runs whose log level hides
     /// the start-up line; ready once it accepts connections.
     pub fn start_on_free_port(env: &[(&str, &str)]) -> Host {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        Host::spawn(&guest_path("guest"), port, env)
+        Host::spawn(&guest_path("guest"), free_port(), env)
     }
 
     fn spawn(guest: &Path, port: u16, env: &[(&str, &str)]) -> Host {
@@ -239,6 +234,15 @@ fn listening_address(line: &str) -> Option<String> {
         .find(|c: char| c == '"' || c.is_whitespace())
         .unwrap_or(rest.len());
     Some(rest[..end].to_string())
+}
+
+/// A loopback port that was free a moment ago, for a server a test starts.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
 }
 
 /// A fresh, empty directory under the system temp directory.
