@@ -166,6 +166,18 @@ async fn garbage_another_world_and_a_failing_guest_are_rejected_while_the_old_gu
 }
 
 #[tokio::test]
+async fn a_sighup_as_soon_as_the_host_says_it_listens_reloads_and_never_kills_it() {
+    for _ in 0..5 {
+        let live = live_guest();
+        let mut host = Host::start_with(&live, &[]);
+        replace_by_rename(&live, &guest_path("minimal-guest"));
+        host.signal("HUP");
+        wait_for_version(&host, MINIMAL_VERSION).await;
+        assert!(host.is_running(), "the host ended on SIGHUP");
+    }
+}
+
+#[tokio::test]
 async fn users_created_before_a_swap_are_listed_after_it() {
     let live = live_guest();
     let host = Host::start_with(&live, &[]);

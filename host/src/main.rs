@@ -80,7 +80,7 @@ async fn run(config: Config) -> anyhow::Result<()> {
         Arc::clone(&app),
         config.guest.clone(),
     ));
-    tokio::spawn(Arc::clone(&reloader).reload_on_sighup());
+    Arc::clone(&reloader).reload_on_sighup();
     let _watcher = config
         .watch
         .then(|| reloader.watch().context("cannot watch the guest file"))
@@ -90,19 +90,24 @@ async fn run(config: Config) -> anyhow::Result<()> {
     let listener = TcpListener::bind(addr)
         .await
         .with_context(|| format!("cannot listen on {addr}"))?;
+    // Every handler is installed before the line that tells the world the host is up.
+    let shutdown = shutdown_signal();
     tracing::info!("listening on http://{}", listener.local_addr()?);
 
-    server::serve(listener, app, shutdown_signal()).await;
+    server::serve(listener, app, shutdown).await;
     tracing::info!("stopped");
     Ok(())
 }
 
-/// Completes on the first SIGTERM or SIGINT (Ctrl-C).
-async fn shutdown_signal() {
+/// Installs the SIGTERM and SIGINT (Ctrl-C) handlers now, and completes on the first of them.
+fn shutdown_signal() -> impl Future<Output = ()> {
     use tokio::signal::unix::{SignalKind, signal};
     let mut terminate = signal(SignalKind::terminate()).expect("installing a SIGTERM handler");
-    tokio::select! {
-        _ = terminate.recv() => {}
-        _ = tokio::signal::ctrl_c() => {}
+    let mut interrupt = signal(SignalKind::interrupt()).expect("installing a SIGINT handler");
+    async move {
+        tokio::select! {
+            _ = terminate.recv() => {}
+            _ = interrupt.recv() => {}
+        }
     }
 }

@@ -83,16 +83,19 @@ impl Reloader {
         Ok((guest, version, cache))
     }
 
-    /// Reloads on every `SIGHUP` until the process ends.
-    pub async fn reload_on_sighup(self: Arc<Self>) {
+    /// Reloads on every `SIGHUP` until the process ends. The handler is in place when this
+    /// returns (a `SIGHUP` before that would end the process); the reloads run in a task.
+    pub fn reload_on_sighup(self: Arc<Self>) {
         use tokio::signal::unix::{SignalKind, signal};
         let Ok(mut hangups) = signal(SignalKind::hangup()) else {
             tracing::warn!("cannot listen for SIGHUP; reload by signal is off");
             return;
         };
-        while hangups.recv().await.is_some() {
-            let _ = self.reload("SIGHUP").await;
-        }
+        tokio::spawn(async move {
+            while hangups.recv().await.is_some() {
+                let _ = self.reload("SIGHUP").await;
+            }
+        });
     }
 
     /// Reloads whenever the guest file changes. It watches the file's directory, so a file
