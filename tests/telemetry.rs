@@ -105,6 +105,31 @@ async fn every_request_gets_one_server_span_under_the_configured_service_name() 
 }
 
 #[tokio::test]
+async fn a_burst_leaves_in_batches_of_128_spans_without_waiting_for_the_schedule() {
+    let mut agent = Agent::start();
+    let port = agent.port.to_string();
+    let host = Host::start_with(
+        &guest_path("guest"),
+        &[
+            ("OTEL_EXPORTER_JAEGER_AGENT_HOST", "127.0.0.1"),
+            ("OTEL_EXPORTER_JAEGER_AGENT_PORT", &port),
+            // Ten minutes: within the test, only a full batch can leave.
+            ("OTEL_BSP_SCHEDULE_DELAY", "600000"),
+        ],
+    );
+    let ids: Vec<String> = (0..256).map(|i| format!("burst-{i}")).collect();
+    for id in &ids {
+        get_with_id(&host, "/api/health", id).await;
+    }
+    let spans = agent.wait_for(|spans| spans.len() >= ids.len());
+    let sizes: Vec<usize> = agent.batches().iter().map(|b| b.spans.len()).collect();
+    assert_eq!(sizes, [128, 128]);
+    for id in &ids {
+        assert_eq!(server_span_for(&spans, id).len(), 1, "{id}");
+    }
+}
+
+#[tokio::test]
 async fn the_guest_spans_are_children_of_the_request_span_with_their_attributes() {
     let mut agent = Agent::start();
     let host = traced_host(&agent, "tutorial-service");

@@ -12,17 +12,17 @@ use http::{HeaderMap, Method};
 use opentelemetry::propagation::Extractor;
 use opentelemetry::trace::{TraceContextExt, TracerProvider as _};
 use opentelemetry_sdk::propagation::TraceContextPropagator;
+use opentelemetry_sdk::trace::{BatchConfigBuilder, BatchSpanProcessor};
 use tracing::field::Empty;
 use tracing_appender::non_blocking::WorkerGuard;
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 use tracing_subscriber::Layer;
 use tracing_subscriber::filter::{EnvFilter, FilterExt, filter_fn};
-use tracing_subscriber::fmt::format::JsonFields;
 use tracing_subscriber::fmt::writer::MakeWriterExt;
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 
-use crate::logs::JsonLines;
+use crate::logs::{JsonFieldSets, JsonLines};
 
 /// The service name reported with every span unless `OTEL_SERVICE_NAME` says otherwise.
 pub const DEFAULT_SERVICE_NAME: &str = "tutorial-service";
@@ -32,6 +32,11 @@ pub const DEFAULT_AGENT_HOST: &str = "localhost";
 pub const DEFAULT_AGENT_PORT: &str = "6831";
 /// Longest `url.path` recorded on a span: a span must fit in one UDP packet to the agent.
 const MAX_RECORDED_PATH: usize = 1024;
+/// Spans per export unless `OTEL_BSP_MAX_EXPORT_BATCH_SIZE` says otherwise. A request span is
+/// about 350 bytes in Thrift, so 128 of them fit one 65,000-byte UDP packet; the SDK's default
+/// of 512 does not, and the exporter then halves the batch and encodes each half again (and
+/// again), which made span encoding the host's largest user-space cost under load.
+const SPANS_PER_BATCH: usize = 128;
 
 /// Keeps the log writers and the span exporter alive; dropping it flushes both.
 ///
@@ -71,7 +76,7 @@ pub fn init(log_file: &Path) -> TelemetryGuard {
     let log_level = log_level.or(info_spans());
     let logs = tracing_subscriber::fmt::layer()
         .event_format(JsonLines)
-        .fmt_fields(JsonFields::new())
+        .fmt_fields(JsonFieldSets)
         .with_writer(stdout.and(file))
         .with_filter(log_level);
 
@@ -137,8 +142,15 @@ fn jaeger_tracer() -> Result<opentelemetry_sdk::trace::Tracer, opentelemetry::tr
         // The exporter's async agent client hands tokio a blocking UDP socket (tokio asserts
         // against that); the sync client sends from the batch task, and a UDP send never waits.
         .build_sync_agent_exporter()?;
+    let mut batch = BatchConfigBuilder::default();
+    if std::env::var_os("OTEL_BSP_MAX_EXPORT_BATCH_SIZE").is_none() {
+        batch = batch.with_max_export_batch_size(SPANS_PER_BATCH);
+    }
+    let processor = BatchSpanProcessor::builder(exporter, opentelemetry_sdk::runtime::Tokio)
+        .with_batch_config(batch.build())
+        .build();
     let provider = opentelemetry_sdk::trace::TracerProvider::builder()
-        .with_batch_exporter(exporter, opentelemetry_sdk::runtime::Tokio)
+        .with_span_processor(processor)
         .build();
     let tracer = provider.tracer("host");
     opentelemetry::global::set_tracer_provider(provider);
