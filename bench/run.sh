@@ -27,6 +27,14 @@ WASM=target/wasm32-wasip2/release
 HOST=target/release/host
 CACHE=$RESULTS/cache
 
+# Fails unless nothing listens on 127.0.0.1:$1, so a stray server is never measured instead.
+require_free() {
+  if (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; then
+    echo "port $1 is in use: stop what listens there and run again" >&2; exit 1
+  fi
+}
+for port in 18081 18082 18083 18084 18085; do require_free "$port"; done
+
 # Waits until $1 answers /api/health.
 wait_ready() {
   for _ in $(seq 1 500); do
@@ -44,16 +52,20 @@ load() {
   echo "  $name: $(tail -1 "$RESULTS/$name.json")"
 }
 
-# A UDP sink standing in for the Jaeger agent, so spans really leave the host.
-python3 -c '
-import socket, sys
-s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.bind(("127.0.0.1", 16831))
-while True: s.recv(65536)' &
+# A UDP sink standing in for the Jaeger agent, so spans really leave the host; on a free port,
+# which it reports on its first line.
+python3 -u -c '
+import socket
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.bind(("127.0.0.1", 0))
+print(s.getsockname()[1])
+while True: s.recv(65536)' > "$RESULTS/agent-port" &
 PIDS+=($!)
+for _ in $(seq 1 100); do [ -s "$RESULTS/agent-port" ] && break; sleep 0.05; done
+AGENT_PORT=$(cat "$RESULTS/agent-port")
 
 start_host() { # port guest
   GUEST_CACHE_DIR="$CACHE" LOG_FILE="$RESULTS/app.log" RUST_LOG=info \
-    OTEL_EXPORTER_JAEGER_AGENT_HOST=127.0.0.1 OTEL_EXPORTER_JAEGER_AGENT_PORT=16831 \
+    OTEL_EXPORTER_JAEGER_AGENT_HOST=127.0.0.1 OTEL_EXPORTER_JAEGER_AGENT_PORT="$AGENT_PORT" \
     "$HOST" --bind 127.0.0.1 --port "$1" --guest "$2" >/dev/null 2>&1 &
   PIDS+=($!)
   wait_ready "http://127.0.0.1:$1"
