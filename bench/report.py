@@ -143,8 +143,8 @@ machine = f"{os.cpu_count()} cores ({cpu}), {platform.system()} {platform.releas
 Written by `make bench` (bench/run.sh, bench/report.py) from one run; every ratio compares
 contenders measured one after the other in that run. Throughput is measured in two rounds, in
 opposite orders, and each contender's better round is kept: a neighbour on a shared machine
-can only slow a run down. Absolute numbers move with the machine and
-its neighbours; the ratios are what to compare between runs.
+can only slow a run down. Absolute numbers move with the machine and its neighbours; the
+ratios are what to compare between runs.
 
 Machine: {machine}.
 
