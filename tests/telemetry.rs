@@ -11,18 +11,25 @@ use serde_json::{Value, json};
 use support::jaeger::{Agent, Span};
 use support::{Host, client, guest_path};
 
-/// A host whose spans go to `agent`, exported every 100 ms, under `service_name`.
-fn traced_host(agent: &Agent, service_name: &str) -> Host {
+/// A host serving `guest` whose spans go to `agent`, exported every `schedule_ms`, under
+/// `service_name`.
+fn host_exporting_to(agent: &Agent, guest: &str, service_name: &str, schedule_ms: &str) -> Host {
     let port = agent.port.to_string();
     Host::start_with(
-        &guest_path("guest"),
+        &guest_path(guest),
         &[
             ("OTEL_SERVICE_NAME", service_name),
             ("OTEL_EXPORTER_JAEGER_AGENT_HOST", "127.0.0.1"),
             ("OTEL_EXPORTER_JAEGER_AGENT_PORT", &port),
-            ("OTEL_BSP_SCHEDULE_DELAY", "100"),
+            ("OTEL_BSP_SCHEDULE_DELAY", schedule_ms),
         ],
     )
+}
+
+/// A host serving the real guest whose spans go to `agent`, exported every 100 ms, under
+/// `service_name`.
+fn traced_host(agent: &Agent, service_name: &str) -> Host {
+    host_exporting_to(agent, "guest", service_name, "100")
 }
 
 fn server_span_for<'a>(spans: &'a [Span], request_id: &str) -> Vec<&'a Span> {
@@ -107,16 +114,8 @@ async fn every_request_gets_one_server_span_under_the_configured_service_name() 
 #[tokio::test]
 async fn a_burst_leaves_in_batches_of_128_spans_without_waiting_for_the_schedule() {
     let mut agent = Agent::start();
-    let port = agent.port.to_string();
-    let host = Host::start_with(
-        &guest_path("guest"),
-        &[
-            ("OTEL_EXPORTER_JAEGER_AGENT_HOST", "127.0.0.1"),
-            ("OTEL_EXPORTER_JAEGER_AGENT_PORT", &port),
-            // Ten minutes: within the test, only a full batch can leave.
-            ("OTEL_BSP_SCHEDULE_DELAY", "600000"),
-        ],
-    );
+    // A ten-minute schedule: within the test, only a full batch can leave.
+    let host = host_exporting_to(&agent, "guest", "tutorial-service", "600000");
     let ids: Vec<String> = (0..256).map(|i| format!("burst-{i}")).collect();
     for id in &ids {
         get_with_id(&host, "/api/health", id).await;
@@ -210,14 +209,7 @@ async fn error_responses_record_their_status_on_the_span() {
 #[tokio::test]
 async fn a_5xx_marks_the_request_span_as_an_error() {
     let mut agent = Agent::start();
-    let port = agent.port.to_string();
-    let host = Host::start_with(
-        &guest_path("panicking-guest"),
-        &[
-            ("OTEL_EXPORTER_JAEGER_AGENT_PORT", &port),
-            ("OTEL_BSP_SCHEDULE_DELAY", "100"),
-        ],
-    );
+    let host = host_exporting_to(&agent, "panicking-guest", "tutorial-service", "100");
     get_with_id(&host, "/api/health", "boom-1").await;
     let spans = agent.wait_for(|spans| !server_span_for(spans, "boom-1").is_empty());
     let span = server_span_for(&spans, "boom-1")[0];
