@@ -4,10 +4,14 @@ use serde::Serialize;
 
 use crate::error::ApiError;
 use crate::fibonacci;
-use crate::ports::{Clock, CreateError, Level, Span, Telemetry, UserStore, Value};
-use crate::response::Response;
+use crate::ports::{Clock, CreateError, Level, Span, Telemetry, Unavailable, UserStore, Value};
+use crate::response::{BodyWriter, Responder, Response, json_headers};
 use crate::routes::Route;
 use crate::validation;
+
+/// Users read from the store per call while a list is streamed: bounds the memory a list takes
+/// in the guest and in the host, whatever the number of users.
+pub const LIST_PAGE_SIZE: u32 = 256;
 
 /// What the logic needs of an HTTP request.
 #[derive(Debug, Clone, Copy)]
@@ -22,13 +26,23 @@ pub struct Request<'a> {
     pub body: &'a [u8],
 }
 
-/// Answers one request. Checks run in the contract's order: unknown path (404), wrong method
-/// (405), content type (415), unparseable body (400), then the endpoint's own rules.
+/// Answers one request through `responder`. Checks run in the contract's order: unknown path
+/// (404), wrong method (405), content type (415), unparseable body (400), then the endpoint's
+/// own rules.
 pub fn handle(
     request: &Request<'_>,
     ports: &Ports<'_, impl UserStore, impl Clock, impl Telemetry>,
-) -> Response {
-    dispatch(request, ports).unwrap_or_else(Response::from)
+    responder: impl Responder,
+) {
+    match endpoint(request) {
+        Ok(Route::Users) if request.method != "POST" => {
+            list_users(request.method, ports, responder);
+        }
+        Ok(route) => answer(route, request, ports)
+            .unwrap_or_else(Response::from)
+            .send(responder),
+        Err(error) => Response::from(error).send(responder),
+    }
 }
 
 /// What the logic reaches outside itself: the user store, a clock and telemetry.
@@ -41,18 +55,24 @@ pub struct Ports<'a, S, C, T> {
     pub telemetry: &'a T,
 }
 
-fn dispatch<S: UserStore, C: Clock, T: Telemetry>(
-    request: &Request<'_>,
-    ports: &Ports<'_, S, C, T>,
-) -> Result<Response, ApiError> {
+/// The route of a request whose path exists and whose method that path allows.
+fn endpoint<'a>(request: &Request<'a>) -> Result<Route<'a>, ApiError> {
     let route = Route::from_path(request.target).ok_or(ApiError::NotFound)?;
     if !route.allows(request.method) {
         return Err(ApiError::MethodNotAllowed(route.allowed_methods()));
     }
+    Ok(route)
+}
+
+/// The complete answer of every endpoint but the (streamed) user list.
+fn answer<S: UserStore, C: Clock, T: Telemetry>(
+    route: Route<'_>,
+    request: &Request<'_>,
+    ports: &Ports<'_, S, C, T>,
+) -> Result<Response, ApiError> {
     match route {
         Route::Health => Ok(health(ports.telemetry)),
-        Route::Users if request.method == "POST" => create_user(request, ports),
-        Route::Users => Ok(list_users(ports)),
+        Route::Users => create_user(request, ports),
         Route::User(id) => get_user(id, ports),
         Route::Compute => compute(request, ports),
     }
@@ -78,13 +98,63 @@ fn health(telemetry: &impl Telemetry) -> Response {
     )
 }
 
-fn list_users<S: UserStore, C: Clock, T: Telemetry>(ports: &Ports<'_, S, C, T>) -> Response {
+/// Streams every user as one JSON array, a page at a time, so memory stays constant however
+/// many users there are. The body is byte for byte `serde_json::to_vec` of the whole list.
+///
+/// A store failure before the head is a 503; after it (a later page), the response is aborted so
+/// the client sees a truncated body, never a short list that looks complete. `HEAD` reads only
+/// the first page, for the status.
+fn list_users<S: UserStore, C: Clock, T: Telemetry>(
+    method: &str,
+    ports: &Ports<'_, S, C, T>,
+    responder: impl Responder,
+) {
     let span = ports.telemetry.span("users.list", &[]);
-    let users = ports.store.list();
-    let count = ("user.count", Value::Integer(users.len() as i64));
+    let mut page = match ports.store.list_page(None, LIST_PAGE_SIZE) {
+        Ok(page) => page,
+        Err(Unavailable) => {
+            log_store_failure(ports.telemetry, "listing users");
+            return Response::from(ApiError::StoreUnavailable).send(responder);
+        }
+    };
+    let mut body = responder.send_head(200, json_headers(), None);
+    if method == "HEAD" {
+        return body.finish();
+    }
+    let mut count: usize = 0;
+    let mut chunk = vec![b'['];
+    loop {
+        for user in &page {
+            if count > 0 {
+                chunk.push(b',');
+            }
+            serde_json::to_writer(&mut chunk, user).expect("a user always serialises");
+            count += 1;
+        }
+        let last_page = page.len() < LIST_PAGE_SIZE as usize;
+        if last_page {
+            chunk.push(b']');
+        }
+        if body.write(&chunk).is_err() {
+            return;
+        }
+        if last_page {
+            break;
+        }
+        chunk.clear();
+        let after = page.last().map(|user| user.id.clone());
+        page = match ports.store.list_page(after.as_deref(), LIST_PAGE_SIZE) {
+            Ok(page) => page,
+            Err(Unavailable) => {
+                // Dropping `body` unfinished aborts the response.
+                return log_store_failure(ports.telemetry, "listing users");
+            }
+        };
+    }
+    let count = ("user.count", Value::Integer(count as i64));
     span.set_attribute(count.clone());
     ports.telemetry.log(Level::Info, "listed users", &[count]);
-    Response::json(200, &users)
+    body.finish();
 }
 
 fn get_user<S: UserStore, C: Clock, T: Telemetry>(
@@ -102,7 +172,14 @@ fn get_user<S: UserStore, C: Clock, T: Telemetry>(
         "looking up user",
         std::slice::from_ref(&id_attribute),
     );
-    match id.and_then(|id| ports.store.get(&id)) {
+    let found = match id {
+        Some(id) => ports.store.get(&id).map_err(|Unavailable| {
+            log_store_failure(ports.telemetry, "looking up a user");
+            ApiError::StoreUnavailable
+        })?,
+        None => None,
+    };
+    match found {
         Some(user) => Ok(Response::json(200, &user)),
         None => {
             ports
@@ -127,8 +204,16 @@ fn create_user<S: UserStore, C: Clock, T: Telemetry>(
         .map_err(|error| match error {
             CreateError::DuplicateEmail => ApiError::DuplicateEmail,
             CreateError::StoreFull => ApiError::StoreFull,
+            CreateError::Unavailable => {
+                log_store_failure(ports.telemetry, "user creation");
+                ApiError::StoreUnavailable
+            }
         })
-        .inspect_err(|error| log_rejection(ports.telemetry, "user creation", *error))?;
+        .inspect_err(|error| {
+            if *error != ApiError::StoreUnavailable {
+                log_rejection(ports.telemetry, "user creation", *error);
+            }
+        })?;
     let id_attribute = ("user.id", Value::from(user.id.as_str()));
     span.set_attribute(id_attribute.clone());
     ports
@@ -191,6 +276,12 @@ fn log_rejection(telemetry: &impl Telemetry, operation: &str, error: ApiError) {
     telemetry.log(Level::Warn, &format!("{operation} rejected"), &attributes);
 }
 
+/// Logs that the store failed, at `error`: the service could not do its job.
+fn log_store_failure(telemetry: &impl Telemetry, operation: &str) {
+    let message = format!("{operation} failed: user store unavailable");
+    telemetry.log(Level::Error, &message, &[]);
+}
+
 /// The body of a `POST`, after the content-type (415) and JSON (400) checks.
 fn json_body(
     request: &Request<'_>,
@@ -211,9 +302,12 @@ mod tests {
     use crate::ports::{Attribute, User};
 
     /// An in-memory store with the host's rules: creation order, case-insensitive e-mails, a cap.
+    /// It can be told to fail, from its `n`-th call on.
     struct FakeStore {
         users: RefCell<Vec<User>>,
         capacity: usize,
+        calls: Cell<usize>,
+        fails_from_call: Cell<usize>,
     }
 
     impl FakeStore {
@@ -221,22 +315,61 @@ mod tests {
             FakeStore {
                 users: RefCell::default(),
                 capacity: usize::MAX,
+                calls: Cell::new(0),
+                fails_from_call: Cell::new(usize::MAX),
+            }
+        }
+
+        /// Every user, straight from the store.
+        fn all(&self) -> Vec<User> {
+            self.users.borrow().clone()
+        }
+
+        /// From now on, the `n`-th call (0: the next one) and every later one is `Unavailable`.
+        fn fail_from_call(&self, n: usize) {
+            self.fails_from_call.set(self.calls.get() + n);
+        }
+
+        fn call(&self) -> Result<(), Unavailable> {
+            let call = self.calls.get();
+            self.calls.set(call + 1);
+            if call >= self.fails_from_call.get() {
+                Err(Unavailable)
+            } else {
+                Ok(())
             }
         }
     }
 
     impl UserStore for FakeStore {
-        fn list(&self) -> Vec<User> {
-            self.users.borrow().clone()
+        fn list_page(&self, after: Option<&str>, limit: u32) -> Result<Vec<User>, Unavailable> {
+            self.call()?;
+            let users = self.users.borrow();
+            let start = match after {
+                None => 0,
+                Some(id) => match users.iter().position(|user| user.id == id) {
+                    Some(position) => position + 1,
+                    None => users.len(),
+                },
+            };
+            Ok(users[start..]
+                .iter()
+                .take(limit as usize)
+                .cloned()
+                .collect())
         }
-        fn get(&self, id: &str) -> Option<User> {
-            self.users
+        fn get(&self, id: &str) -> Result<Option<User>, Unavailable> {
+            self.call()?;
+            Ok(self
+                .users
                 .borrow()
                 .iter()
                 .find(|user| user.id == id)
-                .cloned()
+                .cloned())
         }
         fn create(&self, name: &str, email: &str) -> Result<User, CreateError> {
+            self.call()
+                .map_err(|Unavailable| CreateError::Unavailable)?;
             let mut users = self.users.borrow_mut();
             if users
                 .iter()
@@ -254,6 +387,50 @@ mod tests {
             };
             users.push(user.clone());
             Ok(user)
+        }
+    }
+
+    /// A response collected in memory, and whether its body was finished (not aborted).
+    #[derive(Default)]
+    struct Collected {
+        head: Option<Head>,
+        body: Vec<u8>,
+        finished: bool,
+    }
+
+    /// A response head as sent.
+    struct Head {
+        status: u16,
+        headers: Vec<(&'static str, String)>,
+        content_length: Option<usize>,
+    }
+
+    struct Collector<'a>(&'a RefCell<Collected>);
+
+    impl<'a> Responder for Collector<'a> {
+        type Body = Collector<'a>;
+        fn send_head(
+            self,
+            status: u16,
+            headers: Vec<(&'static str, String)>,
+            content_length: Option<usize>,
+        ) -> Collector<'a> {
+            self.0.borrow_mut().head = Some(Head {
+                status,
+                headers,
+                content_length,
+            });
+            self
+        }
+    }
+
+    impl BodyWriter for Collector<'_> {
+        fn write(&mut self, bytes: &[u8]) -> Result<(), crate::response::ClientGone> {
+            self.0.borrow_mut().body.extend_from_slice(bytes);
+            Ok(())
+        }
+        fn finish(self) {
+            self.0.borrow_mut().finished = true;
         }
     }
 
@@ -326,17 +503,44 @@ mod tests {
     }
 
     /// Runs a request and returns the response with what it reported, one line per event.
+    /// Every response here is complete: its body finished, its length declared if it was known.
     fn run_recorded(request: &Request<'_>, store: &FakeStore) -> (Response, Vec<String>) {
+        let (collected, events) = run_collected(request, store);
+        assert!(collected.finished, "the body was aborted");
+        let Head {
+            status,
+            headers,
+            content_length,
+        } = collected.head.expect("a head was sent");
+        if let Some(length) = content_length {
+            assert_eq!(
+                length,
+                collected.body.len(),
+                "declared and sent lengths differ"
+            );
+        }
+        let response = Response {
+            status,
+            headers,
+            body: collected.body,
+        };
+        (response, events)
+    }
+
+    /// Runs a request and returns what reached the responder, finished or not.
+    fn run_collected(request: &Request<'_>, store: &FakeStore) -> (Collected, Vec<String>) {
         let telemetry = RecordingTelemetry::default();
-        let response = handle(
+        let collected = RefCell::new(Collected::default());
+        handle(
             request,
             &Ports {
                 store,
                 clock: &clock(),
                 telemetry: &&telemetry,
             },
+            Collector(&collected),
         );
-        (response, telemetry.events.take())
+        (collected.into_inner(), telemetry.events.take())
     }
 
     fn post(target: &str, body: &str) -> Request<'static> {
@@ -395,7 +599,11 @@ mod tests {
             send(&store, "HEAD", "/api/health", None),
             send(&store, "GET", "/api/health", None)
         );
-        assert_eq!(send(&store, "HEAD", "/api/users", None).status, 200);
+        // The list is streamed: its HEAD has the GET's status and headers, and no body.
+        let head = send(&store, "HEAD", "/api/users", None);
+        let get = send(&store, "GET", "/api/users", None);
+        assert_eq!((head.status, &head.headers), (get.status, &get.headers));
+        assert!(head.body.is_empty());
     }
 
     #[test]
@@ -521,14 +729,14 @@ mod tests {
             Some(r#"{"name":"B","email":"A@X.IO"}"#),
         );
         assert_error(&response, 409, "A user with this email already exists");
-        assert_eq!(store.list().len(), 1);
+        assert_eq!(store.all().len(), 1);
     }
 
     #[test]
     fn a_full_store_gives_503() {
         let store = FakeStore {
-            users: RefCell::default(),
             capacity: 0,
+            ..FakeStore::new()
         };
         let response = send(
             &store,
@@ -537,6 +745,121 @@ mod tests {
             Some(r#"{"name":"A","email":"a@x.io"}"#),
         );
         assert_error(&response, 503, "User store is full");
+    }
+
+    /// Stores `count` users straight into `store`, skipping the API.
+    fn fill(store: &FakeStore, count: usize) {
+        for i in 0..count {
+            store
+                .create(&format!("User {i}"), &format!("u{i}@x.io"))
+                .unwrap();
+        }
+    }
+
+    #[test]
+    fn a_list_of_many_pages_is_byte_for_byte_the_whole_array() {
+        for count in [
+            1,
+            LIST_PAGE_SIZE as usize - 1,
+            LIST_PAGE_SIZE as usize,
+            LIST_PAGE_SIZE as usize + 1,
+            3 * LIST_PAGE_SIZE as usize + 7,
+        ] {
+            let store = FakeStore::new();
+            fill(&store, count);
+            let response = send(&store, "GET", "/api/users", None);
+            assert_eq!(response.status, 200);
+            assert_eq!(response.header("content-type"), Some("application/json"));
+            assert_eq!(response.body, serde_json::to_vec(&store.all()).unwrap());
+        }
+    }
+
+    #[test]
+    fn a_list_reads_the_store_a_bounded_page_at_a_time() {
+        let store = FakeStore::new();
+        fill(&store, 2 * LIST_PAGE_SIZE as usize + 1);
+        store.calls.set(0);
+        send(&store, "GET", "/api/users", None);
+        assert_eq!(store.calls.get(), 3);
+    }
+
+    #[test]
+    fn an_unavailable_store_gives_503_on_every_store_endpoint() {
+        let store = FakeStore::new();
+        fill(&store, 1);
+        let id = store.all()[0].id.clone();
+        store.fail_from_call(0);
+        for (method, target, body) in [
+            ("GET", "/api/users".to_string(), None),
+            ("HEAD", "/api/users".to_string(), None),
+            ("GET", format!("/api/users/{id}"), None),
+            (
+                "POST",
+                "/api/users".to_string(),
+                Some(r#"{"name":"B","email":"b@x.io"}"#),
+            ),
+        ] {
+            let (response, events) = run_recorded(
+                &Request {
+                    method,
+                    target: &target,
+                    content_type: body.map(|_| "application/json"),
+                    body: body.unwrap_or_default().as_bytes(),
+                },
+                &store,
+            );
+            if method == "HEAD" {
+                assert_eq!(response.status, 503);
+            } else {
+                assert_error(&response, 503, "User store unavailable");
+            }
+            assert!(
+                events.iter().any(|event| event.starts_with("Error ")),
+                "{method} {target}: {events:?}"
+            );
+        }
+        assert_eq!(store.all().len(), 1);
+    }
+
+    #[test]
+    fn health_and_compute_need_no_store() {
+        let store = FakeStore::new();
+        store.fail_from_call(0);
+        assert_eq!(send(&store, "GET", "/api/health", None).status, 200);
+        assert_eq!(
+            send(&store, "POST", "/api/compute", Some(r#"{"n":3}"#)).status,
+            200
+        );
+    }
+
+    #[test]
+    fn a_store_failure_after_the_first_page_aborts_the_list() {
+        let store = FakeStore::new();
+        fill(&store, LIST_PAGE_SIZE as usize + 1);
+        store.fail_from_call(1);
+        let (collected, events) = run_collected(&get("/api/users"), &store);
+        assert_eq!(collected.head.map(|head| head.status), Some(200));
+        assert!(
+            !collected.finished,
+            "a cut-short list must not look complete"
+        );
+        assert!(
+            serde_json::from_slice::<Value>(&collected.body).is_err(),
+            "the partial body is not a valid array"
+        );
+        assert!(
+            events.iter().any(|event| event.starts_with("Error ")),
+            "{events:?}"
+        );
+    }
+
+    #[test]
+    fn a_streamed_list_declares_no_length_and_a_complete_answer_does() {
+        let store = FakeStore::new();
+        let (list, _) = run_collected(&get("/api/users"), &store);
+        assert_eq!(list.head.unwrap().content_length, None);
+        let (health, _) = run_collected(&get("/api/health"), &store);
+        assert_eq!(health.head.unwrap().content_length, Some(health.body.len()));
     }
 
     #[test]
@@ -696,7 +1019,7 @@ mod tests {
             "/api/users",
             Some(r#"{"name":"","email":"a@x.io"}"#),
         );
-        assert!(store.list().is_empty());
+        assert!(store.all().is_empty());
     }
 
     #[test]
@@ -864,6 +1187,10 @@ mod tests {
                 let response = run(&request, &store);
                 prop_assert!(CONTRACT_STATUSES.contains(&response.status), "status {}", response.status);
                 prop_assert_eq!(response.header("content-type"), Some("application/json"));
+                if method == "HEAD" && response.body.is_empty() {
+                    // A streamed list answers HEAD without reading past its first page.
+                    return Ok(());
+                }
                 let json: Value = serde_json::from_slice(&response.body).expect("the body is JSON");
                 if response.status >= 400 {
                     let object = json.as_object().expect("an error body is an object");

@@ -36,6 +36,8 @@ pub enum ApiError {
     DuplicateEmail,
     /// The user store is at capacity.
     StoreFull,
+    /// The user store could not answer (unreachable, failing, too slow).
+    StoreUnavailable,
 }
 
 impl ApiError {
@@ -46,7 +48,7 @@ impl ApiError {
             ApiError::MethodNotAllowed(_) => 405,
             ApiError::UnsupportedMediaType => 415,
             ApiError::DuplicateEmail => 409,
-            ApiError::StoreFull => 503,
+            ApiError::StoreFull | ApiError::StoreUnavailable => 503,
             ApiError::UnreadableBody
             | ApiError::InvalidJson
             | ApiError::NotAnObject
@@ -82,6 +84,7 @@ impl ApiError {
             ApiError::UserNotFound => "User not found".into(),
             ApiError::DuplicateEmail => "A user with this email already exists".into(),
             ApiError::StoreFull => "User store is full".into(),
+            ApiError::StoreUnavailable => "User store unavailable".into(),
         }
     }
 }

@@ -16,6 +16,10 @@ pub struct User {
     pub email: String,
 }
 
+/// The store could not answer (unreachable, failing, too slow): answered 503, nothing changed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Unavailable;
+
 /// Why the store refused to create a user.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum CreateError {
@@ -23,14 +27,17 @@ pub enum CreateError {
     DuplicateEmail,
     /// The store is at its capacity.
     StoreFull,
+    /// The store could not answer; nothing was stored.
+    Unavailable,
 }
 
 /// The user store: owned by the host, shared by all requests.
 pub trait UserStore {
-    /// Every user in creation order.
-    fn list(&self) -> Vec<User>;
+    /// Up to `limit` users in creation order: those after the user with id `after`, or from the
+    /// first when `after` is `None`. An unknown `after` gives an empty page.
+    fn list_page(&self, after: Option<&str>, limit: u32) -> Result<Vec<User>, Unavailable>;
     /// The user with this canonical (lower-case hyphenated) id.
-    fn get(&self, id: &str) -> Option<User>;
+    fn get(&self, id: &str) -> Result<Option<User>, Unavailable>;
     /// Stores a new user with already validated fields and returns it with its new id.
     fn create(&self, name: &str, email: &str) -> Result<User, CreateError>;
 }
@@ -50,6 +57,8 @@ pub enum Level {
     Info,
     /// Something the client got wrong, or a miss.
     Warn,
+    /// Something the service could not do: its store failed.
+    Error,
 }
 
 /// The value of a span or log attribute.

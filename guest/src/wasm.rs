@@ -8,11 +8,12 @@ use std::io::{Read, Write};
 use wasi::http::types::{
     Fields, IncomingBody, IncomingRequest, Method, OutgoingBody, OutgoingResponse, ResponseOutparam,
 };
+use wasi::io::streams::OutputStream;
 
 use crate::api;
 use crate::error::ApiError;
-use crate::ports::{self, Attribute, Clock, CreateError, Level, User, UserStore};
-use crate::response::Response;
+use crate::ports::{self, Attribute, Clock, CreateError, Level, Unavailable, User, UserStore};
+use crate::response::{BodyWriter, ClientGone, Responder, Response};
 
 wit_bindgen::generate!({
     path: "../wit",
@@ -49,24 +50,22 @@ impl exports::wasi::http::incoming_handler::Guest for Component {
             .into_iter()
             .next()
             .map(|value| String::from_utf8_lossy(&value).into_owned());
-        let response = match read_body(request) {
-            Some(body) => {
-                let request = api::Request {
-                    method: &method,
-                    target: &target,
-                    content_type: content_type.as_deref(),
-                    body: &body,
-                };
-                let ports = api::Ports {
-                    store: &HostUsers,
-                    clock: &WasiClock,
-                    telemetry: &HostTelemetry,
-                };
-                api::handle(&request, &ports)
-            }
-            None => Response::from(ApiError::UnreadableBody),
+        let responder = WasiResponder(response_out);
+        let Some(body) = read_body(request) else {
+            return Response::from(ApiError::UnreadableBody).send(responder);
         };
-        send(response, response_out);
+        let request = api::Request {
+            method: &method,
+            target: &target,
+            content_type: content_type.as_deref(),
+            body: &body,
+        };
+        let ports = api::Ports {
+            store: &HostUsers,
+            clock: &WasiClock,
+            telemetry: &HostTelemetry,
+        };
+        api::handle(&request, &ports, responder);
     }
 }
 
@@ -99,34 +98,63 @@ fn read_body(request: IncomingRequest) -> Option<Vec<u8>> {
     Some(bytes)
 }
 
-fn send(response: Response, response_out: ResponseOutparam) {
-    let mut fields: Vec<(String, Vec<u8>)> = response
-        .headers
-        .into_iter()
-        .map(|(name, value)| (name.to_string(), value.into_bytes()))
-        .collect();
-    fields.push((
-        "content-length".into(),
-        response.body.len().to_string().into_bytes(),
-    ));
-    let headers = Fields::from_list(&fields).expect("our header names and values are valid");
-    let outgoing = OutgoingResponse::new(headers);
-    outgoing
-        .set_status_code(response.status)
-        .expect("our status codes are valid");
-    let body = outgoing
-        .body()
-        .expect("a new response's body is taken once");
-    ResponseOutparam::set(response_out, Ok(outgoing));
+/// The `wasi:http` response of this request.
+struct WasiResponder(ResponseOutparam);
 
-    // Once the head is sent, a failed write only means the client has gone: nothing to report.
-    // The stream is a child of the body: it is dropped at the end of this block, before finish.
-    if let Ok(mut stream) = body.write()
-        && stream.write_all(&response.body).is_ok()
-    {
-        let _ = stream.blocking_flush();
+impl Responder for WasiResponder {
+    type Body = WasiBody;
+
+    fn send_head(
+        self,
+        status: u16,
+        headers: Vec<(&'static str, String)>,
+        content_length: Option<usize>,
+    ) -> WasiBody {
+        let mut fields: Vec<(String, Vec<u8>)> = headers
+            .into_iter()
+            .map(|(name, value)| (name.to_string(), value.into_bytes()))
+            .collect();
+        if let Some(length) = content_length {
+            fields.push(("content-length".into(), length.to_string().into_bytes()));
+        }
+        let headers = Fields::from_list(&fields).expect("our header names and values are valid");
+        let outgoing = OutgoingResponse::new(headers);
+        outgoing
+            .set_status_code(status)
+            .expect("our status codes are valid");
+        let body = outgoing
+            .body()
+            .expect("a new response's body is taken once");
+        ResponseOutparam::set(self.0, Ok(outgoing));
+        WasiBody {
+            stream: body.write().ok(),
+            body,
+        }
     }
-    let _ = OutgoingBody::finish(body, None);
+}
+
+/// A response body being written. Fields drop in order: the stream is a child of the body and
+/// must go first. Dropped unfinished, the body tells the host the response was cut short.
+struct WasiBody {
+    stream: Option<OutputStream>,
+    body: OutgoingBody,
+}
+
+impl BodyWriter for WasiBody {
+    fn write(&mut self, bytes: &[u8]) -> Result<(), ClientGone> {
+        // Once the head is sent, a failed write only means the client has gone.
+        let stream = self.stream.as_mut().ok_or(ClientGone)?;
+        stream.write_all(bytes).map_err(|_| ClientGone)
+    }
+
+    fn finish(self) {
+        let WasiBody { stream, body } = self;
+        if let Some(stream) = stream {
+            // After exactly `Content-Length` bytes the host may report the stream closed.
+            let _ = stream.blocking_flush();
+        }
+        let _ = OutgoingBody::finish(body, None);
+    }
 }
 
 /// The host's user store, reached through the `users` WIT interface.
@@ -143,12 +171,15 @@ impl From<users::User> for User {
 }
 
 impl UserStore for HostUsers {
-    fn list(&self) -> Vec<User> {
-        users::list().into_iter().map(User::from).collect()
+    fn list_page(&self, after: Option<&str>, limit: u32) -> Result<Vec<User>, Unavailable> {
+        let page =
+            users::list(after, limit).map_err(|users::StoreError::Unavailable| Unavailable)?;
+        Ok(page.into_iter().map(User::from).collect())
     }
 
-    fn get(&self, id: &str) -> Option<User> {
-        users::get(id).map(User::from)
+    fn get(&self, id: &str) -> Result<Option<User>, Unavailable> {
+        let found = users::get(id).map_err(|users::StoreError::Unavailable| Unavailable)?;
+        Ok(found.map(User::from))
     }
 
     fn create(&self, name: &str, email: &str) -> Result<User, CreateError> {
@@ -157,6 +188,7 @@ impl UserStore for HostUsers {
             .map_err(|error| match error {
                 users::CreateError::DuplicateEmail => CreateError::DuplicateEmail,
                 users::CreateError::StoreFull => CreateError::StoreFull,
+                users::CreateError::Unavailable => CreateError::Unavailable,
             })
     }
 }
@@ -185,6 +217,7 @@ impl ports::Telemetry for HostTelemetry {
             Level::Debug => telemetry::Level::Debug,
             Level::Info => telemetry::Level::Info,
             Level::Warn => telemetry::Level::Warn,
+            Level::Error => telemetry::Level::Error,
         };
         telemetry::log(level, message, &to_wit(attributes));
     }

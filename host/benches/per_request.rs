@@ -42,7 +42,7 @@ fn load(runtime: &Runtime, file_name: &str) -> Guest {
 async fn call(guest: &Guest, users: &Arc<UserStore>, request: http::Request<Full<Bytes>>) -> Bytes {
     let state = RequestState::quiet(Arc::clone(users));
     let response = guest
-        .handle(state, request, None)
+        .handle(state, request)
         .await
         .expect("the guest answers");
     response
@@ -108,7 +108,7 @@ impl Fixture {
         Fixture {
             real: load(&runtime, "guest.wasm"),
             minimal: load(&runtime, "minimal_guest.wasm"),
-            users: Arc::new(UserStore::new(0)),
+            users: Arc::new(UserStore::memory(0)),
             tokio,
         }
     }

@@ -7,7 +7,8 @@
 wasmtime::component::bindgen!({
     path: "../wit",
     world: "tutorial:service/service",
-    imports: { default: trappable },
+    // The store's calls wait on PostgreSQL: async, so a waiting guest holds no thread.
+    imports: { "tutorial:service/users": async | trappable, default: trappable },
     exports: { default: async },
     additional_derives: [PartialEq],
     with: {

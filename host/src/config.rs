@@ -2,9 +2,14 @@
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
+use std::time::Duration;
 
 use clap::Parser;
 use clap::builder::BoolishValueParser;
+
+use crate::error::Error;
+use crate::user_store::StoreChoice;
+use crate::user_store::postgres::PostgresSettings;
 
 /// The port the API listens on unless told otherwise.
 pub const DEFAULT_PORT: u16 = 8080;
@@ -19,7 +24,16 @@ pub const DEFAULT_GUEST_MEMORY_MB: u64 = 128;
 /// How many guest instances may run at once; more requests wait briefly, then get 503.
 pub const DEFAULT_MAX_INSTANCES: u32 = 64;
 /// How many users the store holds before creation answers 503.
-pub const DEFAULT_MAX_USERS: usize = 1_000_000;
+pub const DEFAULT_MAX_USERS: u64 = 1_000_000;
+/// Where users are kept unless told otherwise: this process's memory.
+pub const MEMORY_STORE: &str = "memory";
+/// PostgreSQL connections each host keeps at most: about four per core of a two-core machine,
+/// where the database shares the cores.
+pub const DEFAULT_STORE_POOL_SIZE: usize = 8;
+/// How long start-up waits for PostgreSQL to answer before it gives up.
+pub const DEFAULT_STORE_CONNECT_TIMEOUT_SECS: u64 = 10;
+/// The longest one store call may take; shorter when the request deadline is short.
+pub const MAX_STORE_CALL_TIMEOUT: Duration = Duration::from_secs(5);
 /// Where the JSON log lines are appended, relative to the working directory.
 pub const DEFAULT_LOG_FILE: &str = "logs/app.log";
 
@@ -64,7 +78,24 @@ pub struct Config {
 
     /// Most users the store holds; creating one more answers 503.
     #[arg(long, env = "MAX_USERS", default_value_t = DEFAULT_MAX_USERS)]
-    pub max_users: usize,
+    pub max_users: u64,
+
+    /// Where users are kept: `memory` (this process only) or a PostgreSQL URL,
+    /// `postgres://user:password@host:port/database[?sslmode=disable&options=...]`, shared by
+    /// every host that names it. When neither this flag nor USER_STORE is set, DATABASE_URL is
+    /// used if set; else `memory`.
+    #[arg(long, env = "USER_STORE", hide_env_values = true, value_parser = store_setting)]
+    pub store: Option<StoreSetting>,
+
+    /// PostgreSQL connections this host keeps open at most.
+    #[arg(long, env = "STORE_POOL_SIZE", default_value_t = DEFAULT_STORE_POOL_SIZE,
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=1000))]
+    pub store_pool_size: usize,
+
+    /// Seconds start-up keeps trying to reach PostgreSQL before it exits with an error.
+    #[arg(long, env = "STORE_CONNECT_TIMEOUT_SECS", default_value_t = DEFAULT_STORE_CONNECT_TIMEOUT_SECS,
+          value_parser = clap::value_parser!(u64).range(0..=3600))]
+    pub store_connect_timeout_secs: u64,
 
     /// Directory of compiled guest components, so a guest compiled before loads at once.
     #[arg(long, env = "GUEST_CACHE_DIR", default_value_os_t = default_cache_dir())]
@@ -85,10 +116,62 @@ impl Config {
         }
     }
 
+    /// The store `--store` (or `USER_STORE`, or `DATABASE_URL`) names. An error never repeats
+    /// the setting, which may hold a password.
+    pub fn store_choice(&self) -> Result<StoreChoice, Error> {
+        let from_database_url = || {
+            std::env::var("DATABASE_URL")
+                .ok()
+                .filter(|url| !url.is_empty())
+                .map(StoreSetting)
+        };
+        let setting = self.store.clone().or_else(from_database_url);
+        let setting = setting
+            .as_ref()
+            .map_or(MEMORY_STORE, |setting| setting.0.as_str());
+        if setting == MEMORY_STORE {
+            return Ok(StoreChoice::Memory);
+        }
+        if !(setting.starts_with("postgres://") || setting.starts_with("postgresql://")) {
+            return Err(Error::StoreSetting(
+                "expected `memory` or a postgres:// URL".to_string(),
+            ));
+        }
+        Ok(StoreChoice::Postgres(Box::new(PostgresSettings {
+            config: PostgresSettings::parse_url(setting)?,
+            pool_size: self.store_pool_size,
+            call_timeout: self.store_call_timeout(),
+            connect_wait: Duration::from_secs(self.store_connect_timeout_secs),
+        })))
+    }
+
+    /// The longest one store call may take: half the request deadline, at most
+    /// [`MAX_STORE_CALL_TIMEOUT`], so a store that hangs is a 503 well within the deadline.
+    pub fn store_call_timeout(&self) -> Duration {
+        (Duration::from_millis(self.request_timeout_ms) / 2)
+            .clamp(Duration::from_millis(1), MAX_STORE_CALL_TIMEOUT)
+    }
+
     /// The socket address to listen on.
     pub fn listen_addr(&self) -> SocketAddr {
         SocketAddr::new(self.bind, self.port)
     }
+}
+
+/// The raw `--store` setting. Its `Debug` hides it: a URL may hold a password.
+#[derive(Clone, PartialEq, Eq)]
+pub struct StoreSetting(String);
+
+impl std::fmt::Debug for StoreSetting {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("StoreSetting(..)")
+    }
+}
+
+/// Accepts any text: it is checked by [`Config::store_choice`], whose errors never echo it
+/// (clap's would).
+fn store_setting(text: &str) -> Result<StoreSetting, std::convert::Infallible> {
+    Ok(StoreSetting(text.to_string()))
 }
 
 /// `target/guest-cache` under the workspace root this host was built in.
@@ -153,9 +236,45 @@ mod tests {
     }
 
     #[test]
+    fn the_store_is_memory_unless_a_postgres_url_is_given() {
+        let memory = Config::try_parse_from(["host", "--store", "memory"]).unwrap();
+        assert!(matches!(memory.store_choice(), Ok(StoreChoice::Memory)));
+        let url = "postgres://app:hunter2@db:5432/users";
+        let postgres =
+            Config::try_parse_from(["host", "--store", url, "--store-pool-size", "3"]).unwrap();
+        let Ok(StoreChoice::Postgres(settings)) = postgres.store_choice() else {
+            panic!("a postgres URL chooses PostgreSQL");
+        };
+        assert_eq!(settings.pool_size, 3);
+        assert!(!format!("{postgres:?} {settings:?}").contains("hunter2"));
+    }
+
+    #[test]
+    fn a_bad_store_setting_is_an_error_that_does_not_repeat_it() {
+        for setting in [
+            "memroy",
+            "mysql://u:hunter2@db/x",
+            "postgres://u:hunter2@db:x/y",
+        ] {
+            let config = Config::try_parse_from(["host", "--store", setting]).unwrap();
+            let error = config.store_choice().err().expect(setting).to_string();
+            assert!(!error.contains("hunter2"), "{error}");
+        }
+    }
+
+    #[test]
+    fn store_calls_end_well_within_the_request_deadline() {
+        let config = Config::try_parse_from(["host"]).unwrap();
+        assert_eq!(config.store_call_timeout(), MAX_STORE_CALL_TIMEOUT);
+        let short = Config::try_parse_from(["host", "--request-timeout-ms", "1000"]).unwrap();
+        assert_eq!(short.store_call_timeout(), Duration::from_millis(500));
+    }
+
+    #[test]
     fn invalid_values_are_refused_before_binding() {
         assert!(Config::try_parse_from(["host", "--port", "70000"]).is_err());
         assert!(Config::try_parse_from(["host", "--bind", "nowhere"]).is_err());
         assert!(Config::try_parse_from(["host", "--request-timeout-ms", "0"]).is_err());
+        assert!(Config::try_parse_from(["host", "--store-pool-size", "0"]).is_err());
     }
 }

@@ -1,4 +1,5 @@
-//! The host's one error type: what can go wrong loading or running a guest.
+//! The host's one error type: what can go wrong loading or running a guest, or opening its
+//! user store.
 
 use std::path::PathBuf;
 
@@ -33,6 +34,19 @@ pub enum Error {
     /// Setting up the wasm runtime failed.
     #[error("wasm runtime: {0}")]
     Runtime(String),
+    /// `--store` is neither `memory` nor a usable PostgreSQL URL. Never holds the URL itself.
+    #[error("invalid --store / USER_STORE / DATABASE_URL: {0}")]
+    StoreSetting(String),
+    /// PostgreSQL could not be reached, or its schema set up, at start.
+    #[error("cannot reach the user store at {target} (waited {:.1} s): {reason}", waited.as_secs_f64())]
+    StoreUnreachable {
+        /// `postgres://host:port/database`, without credentials.
+        target: String,
+        /// How long start-up kept trying.
+        waited: std::time::Duration,
+        /// The last failure, on one line.
+        reason: String,
+    },
 }
 
 /// A wasmtime error as one line: its whole chain of causes, without newlines.

@@ -20,7 +20,6 @@ use wasmtime_wasi_http::p2::bindings::http::types::Scheme;
 use crate::bindings::{ServicePre, telemetry, users};
 use crate::cache::{CacheOutcome, ComponentCache};
 use crate::error::{Error, one_line};
-use crate::metrics::Metrics;
 use crate::request_state::RequestState;
 use crate::responses::ResponseBody;
 use crate::user_store::UserStore;
@@ -217,7 +216,6 @@ impl Guest {
         &self,
         state: RequestState,
         request: http::Request<Full<Bytes>>,
-        metrics: Option<&Arc<Metrics>>,
     ) -> Result<http::Response<ResponseBody>, Error> {
         let slot = tokio::time::timeout(SLOT_WAIT, Arc::clone(&self.slots).acquire_owned())
             .await
@@ -250,7 +248,7 @@ impl Guest {
         let (request, response_out) =
             setup(&mut store).map_err(|e| Error::GuestFailed(one_line(e)))?;
         let pre = self.pre.clone();
-        let metrics = metrics.cloned();
+        let metrics = store.data().metrics.clone();
         let task = tokio::spawn(
             async move {
                 // The slot is the instance's: it is free again only when the task ends.
@@ -297,8 +295,8 @@ impl Guest {
                 .header(http::header::HOST, "localhost")
                 .body(Full::new(Bytes::new()))
                 .expect("a static request is valid");
-            let state = RequestState::quiet(Arc::new(UserStore::new(0)));
-            let response = self.handle(state, request, None).await?;
+            let state = RequestState::quiet(Arc::new(UserStore::memory(0)));
+            let response = self.handle(state, request).await?;
             let status = response.status();
             let body = response
                 .into_body()

@@ -68,7 +68,12 @@ async fn run(config: Config) -> anyhow::Result<()> {
         load_ms = loading.elapsed().as_millis() as u64,
         "guest loaded"
     );
-    let users = Arc::new(UserStore::new(config.max_users));
+    let users = Arc::new(UserStore::open(config.store_choice()?, config.max_users).await?);
+    tracing::info!(
+        store = users.kind(),
+        max_users = config.max_users,
+        "user store ready"
+    );
     let app = Arc::new(App::new(
         ServingGuest { guest, version },
         users,

@@ -23,6 +23,15 @@ const INSTANTIATION_BUCKETS: &[f64] = &[
     0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.1,
 ];
 
+/// User store call buckets, in seconds: 50 µs to 5 s.
+const STORE_BUCKETS: &[f64] = &[
+    0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
+    2.5, 5.0,
+];
+
+/// The `operation` label values of the user store's metrics: the calls of the `users` interface.
+pub const STORE_OPERATIONS: [&str; 3] = ["list", "get", "create"];
+
 /// The `result` label values of `user_lookups_total`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum LookupResult {
@@ -41,6 +50,8 @@ pub struct Metrics {
     users_stored: IntGauge,
     guest_instantiation: Histogram,
     guest_reloads: IntCounterVec,
+    store_operation: HistogramVec,
+    store_errors: IntCounterVec,
 }
 
 impl Metrics {
@@ -87,7 +98,26 @@ impl Metrics {
             &["result"],
         )
         .expect("metric definition is valid");
-        let collectors: [Box<dyn prometheus::core::Collector>; 6] = [
+        let store_operation = HistogramVec::new(
+            HistogramOpts::new(
+                "user_store_operation_seconds",
+                "Time of one user store call, by operation and store (memory or postgres).",
+            )
+            .buckets(STORE_BUCKETS.to_vec()),
+            &["operation", "store"],
+        )
+        .expect("metric definition is valid");
+        let store_errors = IntCounterVec::new(
+            Opts::new(
+                "user_store_errors_total",
+                "User store calls that failed (store unreachable, failing or too slow), by operation.",
+            ),
+            &["operation"],
+        )
+        .expect("metric definition is valid");
+        let collectors: [Box<dyn prometheus::core::Collector>; 8] = [
+            Box::new(store_operation.clone()),
+            Box::new(store_errors.clone()),
             Box::new(guest_reloads.clone()),
             Box::new(requests.clone()),
             Box::new(request_duration.clone()),
@@ -103,6 +133,9 @@ impl Metrics {
             user_lookups.with_label_values(&[result]);
             guest_reloads.with_label_values(&[result]);
         }
+        for operation in STORE_OPERATIONS {
+            store_errors.with_label_values(&[operation]);
+        }
         #[cfg(target_os = "linux")]
         registry
             .register(Box::new(
@@ -117,6 +150,8 @@ impl Metrics {
             users_stored,
             guest_instantiation,
             guest_reloads,
+            store_operation,
+            store_errors,
         }
     }
 
@@ -157,11 +192,30 @@ impl Metrics {
         self.guest_instantiation.observe(elapsed.as_secs_f64());
     }
 
+    /// Records one user store call: its time, and whether it failed.
+    pub fn observe_store_call(
+        &self,
+        operation: &'static str,
+        store: &'static str,
+        elapsed: Duration,
+        failed: bool,
+    ) {
+        self.store_operation
+            .with_label_values(&[operation, store])
+            .observe(elapsed.as_secs_f64());
+        if failed {
+            self.store_errors.with_label_values(&[operation]).inc();
+        }
+    }
+
     /// Every metric in the Prometheus text exposition format, with `users_stored` set to
-    /// `users_stored` (read from the store at scrape time, so it is never stale).
-    pub fn render(&self, users_stored: usize) -> String {
-        self.users_stored
-            .set(i64::try_from(users_stored).unwrap_or(i64::MAX));
+    /// `users_stored` (read from the store at scrape time, so it is never stale). `None` (the
+    /// store could not tell) keeps the last value.
+    pub fn render(&self, users_stored: Option<u64>) -> String {
+        if let Some(count) = users_stored {
+            self.users_stored
+                .set(i64::try_from(count).unwrap_or(i64::MAX));
+        }
         let mut text = Vec::new();
         TextEncoder::new()
             .encode(&self.registry.gather(), &mut text)
@@ -219,7 +273,7 @@ mod tests {
             200,
             Duration::from_millis(1),
         );
-        let text = metrics.render(0);
+        let text = metrics.render(Some(0));
         assert!(
             text.contains(
                 r#"http_requests_total{method="GET",route="/api/health",status="200"} 2"#
@@ -235,7 +289,7 @@ mod tests {
         let custom = http::Method::from_bytes(b"BREW").unwrap();
         metrics.observe_request(&custom, UNMATCHED_ROUTE, 404, Duration::ZERO);
         assert!(
-            metrics.render(0).contains(
+            metrics.render(Some(0)).contains(
                 r#"http_requests_total{method="OTHER",route="unmatched",status="404"} 1"#
             )
         );
@@ -246,15 +300,40 @@ mod tests {
         let metrics = Metrics::new();
         assert!(
             metrics
-                .render(0)
+                .render(Some(0))
                 .contains(r#"user_lookups_total{result="failure"} 0"#)
         );
         metrics.observe_lookup(LookupResult::Success);
-        let text = metrics.render(3);
+        let text = metrics.render(Some(3));
         assert!(
             text.contains(r#"user_lookups_total{result="success"} 1"#),
             "{text}"
         );
         assert!(text.contains("users_stored 3"), "{text}");
+        assert!(metrics.render(None).contains("users_stored 3"));
+    }
+
+    #[test]
+    fn store_calls_are_timed_by_operation_and_store_and_failures_counted() {
+        let metrics = Metrics::new();
+        assert!(
+            metrics
+                .render(None)
+                .contains(r#"user_store_errors_total{operation="create"} 0"#)
+        );
+        metrics.observe_store_call("get", "postgres", Duration::from_millis(2), false);
+        metrics.observe_store_call("create", "postgres", Duration::from_millis(1), true);
+        let text = metrics.render(None);
+        assert!(
+            text.contains(
+                r#"user_store_operation_seconds_count{operation="get",store="postgres"} 1"#
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains(r#"user_store_errors_total{operation="create"} 1"#),
+            "{text}"
+        );
+        assert!(text.contains(r#"user_store_errors_total{operation="get"} 0"#));
     }
 }

@@ -12,6 +12,7 @@ use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 use wasmtime_wasi_http::p2::bindings::http::types::ErrorCode;
 use wasmtime_wasi_http::{WasiHttpCtx, WasiHttpCtxView, WasiHttpHooks, WasiHttpView};
 
+use crate::metrics::Metrics;
 use crate::user_store::UserStore;
 
 /// The data of one request's `wasmtime::Store`.
@@ -23,6 +24,8 @@ pub struct RequestState {
     hooks: DenyOutgoingRequests,
     /// The shared store behind the `users` interface.
     pub(crate) users: Arc<UserStore>,
+    /// The host's metrics; `None` for requests the host sends itself.
+    pub(crate) metrics: Option<Arc<Metrics>>,
     /// The request's server span: the parent of every span the guest opens.
     pub(crate) request_span: tracing::Span,
     /// The guest's spans still open, innermost last, by resource handle.
@@ -34,8 +37,13 @@ pub struct RequestState {
 }
 
 impl RequestState {
-    /// A fresh state for one request, sharing the host's user store, inside `request_span`.
-    pub fn new(users: Arc<UserStore>, request_span: tracing::Span) -> RequestState {
+    /// A fresh state for one request, sharing the host's user store and metrics, inside
+    /// `request_span`.
+    pub fn new(
+        users: Arc<UserStore>,
+        metrics: Option<Arc<Metrics>>,
+        request_span: tracing::Span,
+    ) -> RequestState {
         let wasi = WasiCtx::builder()
             .allow_tcp(false)
             .allow_udp(false)
@@ -47,6 +55,7 @@ impl RequestState {
             table: ResourceTable::new(),
             hooks: DenyOutgoingRequests,
             users,
+            metrics,
             request_span,
             open_spans: Vec::new(),
             telemetry_enabled: true,
@@ -54,11 +63,12 @@ impl RequestState {
         }
     }
 
-    /// A state for a request the host sends itself (a health probe): no span, no log lines.
+    /// A state for a request the host sends itself (a health probe): no span, no log lines,
+    /// no metrics.
     pub fn quiet(users: Arc<UserStore>) -> RequestState {
         RequestState {
             telemetry_enabled: false,
-            ..RequestState::new(users, tracing::Span::none())
+            ..RequestState::new(users, None, tracing::Span::none())
         }
     }
 }

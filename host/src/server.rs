@@ -37,6 +37,8 @@ pub const MAX_REQUEST_ID_LEN: usize = 128;
 pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(5);
 /// The most bytes of request line and headers hyper buffers; a larger head is refused by hyper.
 pub const MAX_HEADER_BYTES: usize = 64 * 1024;
+/// How long a `/metrics` scrape waits for the store's user count before it serves the last one.
+pub const USERS_STORED_WAIT: Duration = Duration::from_millis(250);
 /// How long in-flight requests may take to finish once shutdown starts.
 pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 
@@ -109,7 +111,7 @@ impl App {
         span: &tracing::Span,
     ) -> Response<ResponseBody> {
         if let Some(route) = route.filter(|route| route.template == routes::METRICS_PATH) {
-            return self.metrics_page(request.method(), route);
+            return self.metrics_page(request.method(), route).await;
         }
         let reaches_endpoint = route.is_some_and(|route| route.allows(request.method()));
         let (mut parts, body) = request.into_parts();
@@ -132,13 +134,13 @@ impl App {
                 .insert(header::HOST, HeaderValue::from_static("localhost"));
         }
         let request = Request::from_parts(parts, Full::new(body));
-        let state = RequestState::new(Arc::clone(&self.users), span.clone());
+        let state = RequestState::new(
+            Arc::clone(&self.users),
+            Some(Arc::clone(&self.metrics)),
+            span.clone(),
+        );
         let serving = self.serving_guest();
-        match serving
-            .guest
-            .handle(state, request, Some(&self.metrics))
-            .await
-        {
+        match serving.guest.handle(state, request).await {
             Ok(response) => response,
             Err(Error::Timeout) => {
                 tracing::error!("guest ran past the request deadline; answering 503");
@@ -172,11 +174,17 @@ impl App {
         &self.metrics
     }
 
-    fn metrics_page(&self, method: &Method, route: &Route) -> Response<ResponseBody> {
+    async fn metrics_page(&self, method: &Method, route: &Route) -> Response<ResponseBody> {
         if !route.allows(method) {
             return responses::method_not_allowed(route.methods);
         }
-        let page = self.metrics.render(self.users.len());
+        // A store that cannot answer in time leaves `users_stored` at its last value: the page
+        // itself is always served.
+        let count = tokio::time::timeout(USERS_STORED_WAIT, self.users.count())
+            .await
+            .ok()
+            .flatten();
+        let page = self.metrics.render(count);
         responses::full(StatusCode::OK, metrics::CONTENT_TYPE, page)
     }
 }

@@ -19,7 +19,7 @@ pub struct GuestSpan {
 
 impl RequestState {
     /// The innermost span of this request that is still open.
-    fn innermost_span(&self) -> &tracing::Span {
+    pub(crate) fn innermost_span(&self) -> &tracing::Span {
         self.open_spans
             .last()
             .map_or(&self.request_span, |(_, span)| span)

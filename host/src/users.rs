@@ -1,56 +1,246 @@
 //! The `users` WIT interface, implemented for each request's state on the shared [`UserStore`].
 //!
+//! Every call becomes one client span (OpenTelemetry's database conventions, never a parameter
+//! value) and one sample of `user_store_operation_seconds`; a failed call is logged with its
+//! cause, counted in `user_store_errors_total`, and reaches the guest as `unavailable` (a 503),
+//! never as a trap.
+//!
 //! [`UserStore`]: crate::user_store::UserStore
 
-use crate::bindings::users::{CreateError, Host, User};
+use std::sync::Arc;
+use std::time::Instant;
+
+use tracing::Instrument;
+use tracing::field::Empty;
+use uuid::Uuid;
+
+use crate::bindings::users::{CreateError, Host, StoreError, User};
 use crate::request_state::RequestState;
+use crate::user_store::{self, Unavailable, UserStore};
 
 impl Host for RequestState {
-    fn list(&mut self) -> wasmtime::Result<Vec<User>> {
-        Ok(self.users.list())
+    async fn list(
+        &mut self,
+        after: Option<String>,
+        limit: u32,
+    ) -> wasmtime::Result<Result<Vec<User>, StoreError>> {
+        let after = match after.as_deref().map(Uuid::try_parse) {
+            None => None,
+            Some(Ok(id)) => Some(id),
+            // No stored user has an id that is not a UUID.
+            Some(Err(_)) => return Ok(Ok(Vec::new())),
+        };
+        let users = Arc::clone(&self.users);
+        let page = self
+            .store_call(StoreCall::List, users.list_page(after, limit))
+            .await;
+        Ok(page
+            .map(|page| page.into_iter().map(User::from).collect())
+            .map_err(|Unavailable(_)| StoreError::Unavailable))
     }
 
-    fn get(&mut self, id: String) -> wasmtime::Result<Option<User>> {
-        Ok(self.users.get(&id))
+    async fn get(&mut self, id: String) -> wasmtime::Result<Result<Option<User>, StoreError>> {
+        let Ok(id) = Uuid::try_parse(&id) else {
+            return Ok(Ok(None));
+        };
+        let users = Arc::clone(&self.users);
+        let found = self.store_call(StoreCall::Get, users.get(id)).await;
+        Ok(found
+            .map(|user| user.map(User::from))
+            .map_err(|Unavailable(_)| StoreError::Unavailable))
     }
 
-    fn create(
+    async fn create(
         &mut self,
         name: String,
         email: String,
     ) -> wasmtime::Result<Result<User, CreateError>> {
-        Ok(self.users.create(&name, &email))
+        let users = Arc::clone(&self.users);
+        let created = self
+            .store_call(StoreCall::Create, users.create(&name, &email))
+            .await;
+        Ok(created.map(User::from).map_err(|error| match error {
+            user_store::CreateError::DuplicateEmail => CreateError::DuplicateEmail,
+            user_store::CreateError::StoreFull => CreateError::StoreFull,
+            user_store::CreateError::Unavailable(_) => CreateError::Unavailable,
+        }))
+    }
+}
+
+/// A call of the `users` interface, as the store's telemetry names it.
+#[derive(Debug, Clone, Copy)]
+enum StoreCall {
+    List,
+    Get,
+    Create,
+}
+
+impl StoreCall {
+    /// The `operation` label of the store's metrics.
+    fn label(self) -> &'static str {
+        match self {
+            StoreCall::List => "list",
+            StoreCall::Get => "get",
+            StoreCall::Create => "create",
+        }
+    }
+
+    /// `db.operation.name`: the SQL command the PostgreSQL store runs (the memory store does the
+    /// same work in memory).
+    fn operation_name(self) -> &'static str {
+        match self {
+            StoreCall::List | StoreCall::Get => "SELECT",
+            StoreCall::Create => "INSERT",
+        }
+    }
+}
+
+/// What a store call's outcome says of the store's health.
+trait StoreOutcome {
+    /// The fault, when the store failed (a refused duplicate is not a fault).
+    fn fault(&self) -> Option<&Unavailable>;
+}
+
+impl<T> StoreOutcome for Result<T, Unavailable> {
+    fn fault(&self) -> Option<&Unavailable> {
+        self.as_ref().err()
+    }
+}
+
+impl StoreOutcome for Result<user_store::User, user_store::CreateError> {
+    fn fault(&self) -> Option<&Unavailable> {
+        match self {
+            Err(user_store::CreateError::Unavailable(fault)) => Some(fault),
+            _ => None,
+        }
+    }
+}
+
+impl RequestState {
+    /// Runs `call` inside a client span under the guest's innermost open span, times it, and
+    /// logs and counts a failure.
+    async fn store_call<R: StoreOutcome>(
+        // `&mut`: the state is `Send` but not `Sync`, and the future holds it across the wait.
+        &mut self,
+        call: StoreCall,
+        future: impl Future<Output = R>,
+    ) -> R {
+        let span = self.store_span(call, &self.users);
+        let started = Instant::now();
+        let outcome = future.instrument(span.clone()).await;
+        let fault = outcome.fault();
+        if let Some(metrics) = &self.metrics {
+            metrics.observe_store_call(
+                call.label(),
+                self.users.kind(),
+                started.elapsed(),
+                fault.is_some(),
+            );
+        }
+        if let Some(Unavailable(reason)) = fault {
+            span.record("otel.status_code", "ERROR");
+            span.record("error.type", "unavailable");
+            span.in_scope(|| {
+                tracing::error!(operation = call.label(), reason, "user store call failed")
+            });
+        }
+        outcome
+    }
+
+    fn store_span(&self, call: StoreCall, users: &UserStore) -> tracing::Span {
+        if !self.telemetry_enabled {
+            return tracing::Span::none();
+        }
+        let target = users.span_target();
+        let (address, port) = target.server.unzip();
+        tracing::info_span!(
+            parent: self.innermost_span(),
+            "user store call",
+            otel.name = format!("{} users", call.operation_name()),
+            otel.kind = "client",
+            otel.status_code = Empty,
+            db.system.name = target.system,
+            db.operation.name = call.operation_name(),
+            db.collection.name = "users",
+            db.namespace = target.namespace,
+            server.address = address,
+            server.port = port,
+            error.type = Empty,
+        )
+    }
+}
+
+impl From<user_store::User> for User {
+    fn from(user: user_store::User) -> User {
+        User {
+            id: user.id.hyphenated().to_string(),
+            name: user.name,
+            email: user.email,
+        }
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use std::sync::Arc;
-
     use super::*;
-    use crate::user_store::UserStore;
 
-    #[test]
-    fn the_interface_reaches_the_shared_store() {
-        let store = Arc::new(UserStore::new(10));
-        let mut first_request = RequestState::new(Arc::clone(&store), tracing::Span::none());
-        let created = first_request
+    fn request(store: &Arc<UserStore>) -> RequestState {
+        RequestState::new(Arc::clone(store), None, tracing::Span::none())
+    }
+
+    #[tokio::test]
+    async fn the_interface_reaches_the_shared_store() {
+        let store = Arc::new(UserStore::memory(10));
+        let created = request(&store)
             .create("Ada".into(), "ada@x.io".into())
+            .await
             .unwrap()
             .unwrap();
 
         // A later request, with a fresh state, sees what the first one stored.
-        let mut second_request = RequestState::new(Arc::clone(&store), tracing::Span::none());
+        let mut second = request(&store);
         assert_eq!(
-            second_request.get(created.id.clone()).unwrap(),
-            Some(created.clone())
+            second.get(created.id.to_uppercase()).await.unwrap(),
+            Ok(Some(created.clone()))
         );
-        assert_eq!(second_request.list().unwrap(), vec![created]);
+        assert_eq!(second.list(None, 10).await.unwrap(), Ok(vec![created]));
         assert_eq!(
-            second_request
+            second
                 .create("Other".into(), "ADA@X.IO".into())
+                .await
                 .unwrap(),
             Err(CreateError::DuplicateEmail)
         );
+    }
+
+    #[tokio::test]
+    async fn ids_and_cursors_that_are_not_uuids_find_nothing() {
+        let store = Arc::new(UserStore::memory(10));
+        let mut state = request(&store);
+        state
+            .create("A".into(), "a@x.io".into())
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(state.get("not-a-uuid".into()).await.unwrap(), Ok(None));
+        assert_eq!(
+            state.list(Some("garbage".into()), 10).await.unwrap(),
+            Ok(vec![])
+        );
+    }
+
+    #[tokio::test]
+    async fn a_page_is_never_larger_than_the_host_allows() {
+        let store = Arc::new(UserStore::memory(2_000));
+        let mut state = request(&store);
+        for i in 0..user_store::MAX_PAGE_SIZE + 5 {
+            state
+                .create("U".into(), format!("u{i}@x.io"))
+                .await
+                .unwrap()
+                .unwrap();
+        }
+        let page = state.list(None, u32::MAX).await.unwrap().unwrap();
+        assert_eq!(page.len(), user_store::MAX_PAGE_SIZE as usize);
     }
 }

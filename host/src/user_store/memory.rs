@@ -1,0 +1,177 @@
+//! The embedded store: users in this process's memory, lost when it exits, seen by no other
+//! replica. Nothing to set up; the default.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{PoisonError, RwLock, RwLockReadGuard};
+
+use uuid::Uuid;
+
+use super::{CreateError, User};
+
+/// A thread-safe, in-memory, append-only user store with a capacity.
+#[derive(Debug)]
+pub struct MemoryStore {
+    capacity: u64,
+    inner: RwLock<Users>,
+}
+
+#[derive(Debug, Default)]
+struct Users {
+    /// In creation order, which is the order `list_page` returns.
+    in_order: Vec<User>,
+    /// Position in `in_order` of each id.
+    by_id: HashMap<Uuid, usize>,
+    /// Case-folded e-mail addresses, to refuse duplicates in any letter case.
+    email_keys: HashSet<String>,
+}
+
+impl MemoryStore {
+    /// An empty store that holds at most `capacity` users.
+    pub fn new(capacity: u64) -> MemoryStore {
+        MemoryStore {
+            capacity,
+            inner: RwLock::default(),
+        }
+    }
+
+    /// Up to `limit` users in creation order, after the user `after` (from the first when
+    /// `None`; nothing when `after` is unknown).
+    pub fn list_page(&self, after: Option<Uuid>, limit: usize) -> Vec<User> {
+        let users = self.read();
+        let start = match after {
+            None => 0,
+            Some(id) => users
+                .by_id
+                .get(&id)
+                .map_or(users.in_order.len(), |&position| position + 1),
+        };
+        users.in_order[start..]
+            .iter()
+            .take(limit)
+            .cloned()
+            .collect()
+    }
+
+    /// The user whose id is `id`.
+    pub fn get(&self, id: Uuid) -> Option<User> {
+        let users = self.read();
+        users
+            .by_id
+            .get(&id)
+            .map(|&position| users.in_order[position].clone())
+    }
+
+    /// Stores `user`. Refuses an e-mail already stored in any letter case, and any user past the
+    /// capacity.
+    pub fn create(&self, user: User) -> Result<User, CreateError> {
+        let mut users = self.inner.write().unwrap_or_else(PoisonError::into_inner);
+        let email_key = super::email_key(&user.email);
+        if users.email_keys.contains(&email_key) {
+            return Err(CreateError::DuplicateEmail);
+        }
+        if users.in_order.len() as u64 >= self.capacity {
+            return Err(CreateError::StoreFull);
+        }
+        let position = users.in_order.len();
+        users.by_id.insert(user.id, position);
+        users.email_keys.insert(email_key);
+        users.in_order.push(user.clone());
+        Ok(user)
+    }
+
+    /// How many users are stored.
+    pub fn count(&self) -> u64 {
+        self.read().in_order.len() as u64
+    }
+
+    fn read(&self) -> RwLockReadGuard<'_, Users> {
+        // Nothing panics while holding the lock, but a poisoned lock must not stop the service.
+        self.inner.read().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+
+    fn create(store: &MemoryStore, name: &str, email: &str) -> Result<User, CreateError> {
+        store.create(User::new(name, email))
+    }
+
+    #[test]
+    fn pages_follow_creation_order_from_any_cursor() {
+        let store = MemoryStore::new(10);
+        let names = ["c", "a", "b", "d"];
+        for name in names {
+            create(&store, name, &format!("{name}@x.io")).unwrap();
+        }
+        let names_of = |page: Vec<User>| page.into_iter().map(|user| user.name).collect::<Vec<_>>();
+        assert_eq!(names_of(store.list_page(None, 10)), names);
+        let first = store.list_page(None, 2);
+        assert_eq!(names_of(first.clone()), ["c", "a"]);
+        let second = store.list_page(Some(first[1].id), 2);
+        assert_eq!(names_of(second.clone()), ["b", "d"]);
+        assert!(store.list_page(Some(second[1].id), 2).is_empty());
+    }
+
+    #[test]
+    fn an_unknown_cursor_gives_an_empty_page() {
+        let store = MemoryStore::new(10);
+        create(&store, "A", "a@x.io").unwrap();
+        assert!(store.list_page(Some(Uuid::new_v4()), 10).is_empty());
+    }
+
+    #[test]
+    fn get_finds_a_stored_user_and_nothing_else() {
+        let store = MemoryStore::new(10);
+        let user = create(&store, "A", "a@x.io").unwrap();
+        assert_eq!(store.get(user.id), Some(user));
+        assert_eq!(store.get(Uuid::new_v4()), None);
+    }
+
+    #[test]
+    fn duplicate_emails_are_refused_in_any_case_and_stored_as_given() {
+        let store = MemoryStore::new(10);
+        let user = create(&store, "A", "Ada@Example.com").unwrap();
+        assert_eq!(user.email, "Ada@Example.com");
+        assert_eq!(
+            create(&store, "B", "ada@example.COM"),
+            Err(CreateError::DuplicateEmail)
+        );
+        assert_eq!(store.count(), 1);
+    }
+
+    #[test]
+    fn a_full_store_refuses_new_users() {
+        let store = MemoryStore::new(1);
+        create(&store, "A", "a@x.io").unwrap();
+        assert_eq!(create(&store, "B", "b@x.io"), Err(CreateError::StoreFull));
+        assert_eq!(store.count(), 1);
+    }
+
+    #[test]
+    fn concurrent_creations_all_land() {
+        let store = Arc::new(MemoryStore::new(10_000));
+        let threads: Vec<_> = (0..8)
+            .map(|thread| {
+                let store = Arc::clone(&store);
+                std::thread::spawn(move || {
+                    for i in 0..100 {
+                        create(&store, "U", &format!("{thread}-{i}@x.io")).unwrap();
+                    }
+                })
+            })
+            .collect();
+        for thread in threads {
+            thread.join().unwrap();
+        }
+        let ids: HashSet<Uuid> = store
+            .list_page(None, 10_000)
+            .into_iter()
+            .map(|user| user.id)
+            .collect();
+        assert_eq!(ids.len(), 800);
+    }
+}

@@ -1,0 +1,524 @@
+//! The durable store: users in PostgreSQL, shared by every host that names the same database.
+//!
+//! Connections come from a bounded pool; a broken one is replaced on its next use, so the store
+//! recovers by itself when the database comes back. Every call is bounded by a timeout and a
+//! failure is [`Unavailable`], never a panic or a trap. The schema is created at start by
+//! versioned migrations under an advisory lock, so replicas may start at the same moment.
+
+use std::time::{Duration, Instant};
+
+use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
+use tokio_postgres::config::{Host, SslMode};
+use tokio_postgres::error::SqlState;
+use tokio_postgres::{NoTls, Row};
+use uuid::Uuid;
+
+use super::{CreateError, Unavailable, User, email_key};
+use crate::error::Error;
+
+/// The migrations, in order; each runs once per database, inside the start-up transaction.
+const MIGRATIONS: &[(i32, &str)] = &[(1, include_str!("../../migrations/0001_users.sql"))];
+
+/// The advisory lock that serialises start-ups (migrations and the cap) across replicas.
+const START_UP_LOCK: i64 = 0x7475_746f_7269_616c; // "tutorial"
+
+/// Shards of the cap in `user_slots` (see the migration): enough that concurrent creations
+/// rarely queue on one row.
+const SLOT_SHARDS: u64 = 16;
+
+/// How long start-up waits between two attempts to reach the database.
+const RETRY_PAUSE: Duration = Duration::from_millis(250);
+
+/// How to reach PostgreSQL. Its `Debug` never shows the password.
+#[derive(Debug, Clone)]
+pub struct PostgresSettings {
+    /// The parsed connection URL.
+    pub config: tokio_postgres::Config,
+    /// Connections kept open at most.
+    pub pool_size: usize,
+    /// The longest one store call may take, waiting for a connection included.
+    pub call_timeout: Duration,
+    /// How long start-up keeps trying to reach the database before it gives up.
+    pub connect_wait: Duration,
+}
+
+impl PostgresSettings {
+    /// Parses a `postgres://` URL (with `sslmode`, `options` and the other usual parameters).
+    /// The error never repeats the URL, which may hold a password.
+    pub fn parse_url(url: &str) -> Result<tokio_postgres::Config, Error> {
+        let config: tokio_postgres::Config = url
+            .parse()
+            .map_err(|error| Error::StoreSetting(format!("not a PostgreSQL URL ({error})")))?;
+        if config.get_hosts().is_empty() {
+            return Err(Error::StoreSetting(
+                "the PostgreSQL URL names no host".to_string(),
+            ));
+        }
+        if config.get_ssl_mode() == SslMode::Require {
+            return Err(Error::StoreSetting(
+                "sslmode=require asks for TLS, which this host does not speak to PostgreSQL; \
+                 use sslmode=disable or prefer (on a trusted network or through a TLS proxy)"
+                    .to_string(),
+            ));
+        }
+        Ok(config)
+    }
+}
+
+/// Users in PostgreSQL.
+pub struct PostgresStore {
+    pool: Pool,
+    call_timeout: Duration,
+    /// `postgres://host:port/database`, without user or password: for messages and spans.
+    target: Target,
+}
+
+/// Where the database is, without credentials.
+#[derive(Debug, Clone)]
+struct Target {
+    host: String,
+    port: Option<u16>,
+    database: String,
+}
+
+impl std::fmt::Display for Target {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let port = self.port.unwrap_or(5432);
+        write!(f, "postgres://{}:{port}/{}", self.host, self.database)
+    }
+}
+
+impl Target {
+    fn of(config: &tokio_postgres::Config) -> Target {
+        let (host, port) = match config.get_hosts().first() {
+            Some(Host::Tcp(name)) => (name.clone(), config.get_ports().first().copied()),
+            #[cfg(unix)]
+            Some(Host::Unix(path)) => (path.display().to_string(), None),
+            None => (String::new(), None),
+        };
+        let database = config
+            .get_dbname()
+            .or(config.get_user())
+            .unwrap_or_default()
+            .to_string();
+        Target {
+            host,
+            port: port.or(Some(5432)),
+            database,
+        }
+    }
+}
+
+impl PostgresStore {
+    /// Connects, creates or updates the schema and sets the cap to `capacity`, retrying for
+    /// `settings.connect_wait` while the database cannot be reached.
+    pub async fn open(settings: PostgresSettings, capacity: u64) -> Result<PostgresStore, Error> {
+        let target = Target::of(&settings.config);
+        let manager = Manager::from_config(
+            settings.config,
+            NoTls,
+            ManagerConfig {
+                // A closed connection is replaced; a query on a broken one fails that one call.
+                recycling_method: RecyclingMethod::Fast,
+            },
+        );
+        let pool = Pool::builder(manager)
+            .max_size(settings.pool_size)
+            .runtime(Runtime::Tokio1)
+            .wait_timeout(Some(settings.call_timeout))
+            .create_timeout(Some(settings.call_timeout))
+            .recycle_timeout(Some(settings.call_timeout))
+            .build()
+            .map_err(|error| Error::StoreSetting(error.to_string()))?;
+        let store = PostgresStore {
+            pool,
+            call_timeout: settings.call_timeout,
+            target,
+        };
+        let started = Instant::now();
+        loop {
+            let error = match store.start_up(capacity).await {
+                Ok(()) => return Ok(store),
+                Err(error) => error,
+            };
+            // Wrong credentials or a missing database will not fix themselves: say so at once.
+            let hopeless = error.code().is_some_and(|code| {
+                code.code().starts_with("28") || *code == SqlState::INVALID_CATALOG_NAME
+            });
+            if hopeless || started.elapsed() + RETRY_PAUSE > settings.connect_wait {
+                return Err(Error::StoreUnreachable {
+                    target: store.target.to_string(),
+                    waited: started.elapsed(),
+                    reason: error.one_line(),
+                });
+            }
+            tokio::time::sleep(RETRY_PAUSE).await;
+        }
+    }
+
+    /// Runs the pending migrations and spreads the room left under `capacity` over the slot
+    /// shards, all in one transaction that holds the start-up lock.
+    async fn start_up(&self, capacity: u64) -> Result<(), StartUpError> {
+        let mut client = self.pool.get().await?;
+        let transaction = client.transaction().await?;
+        transaction
+            .execute("SELECT pg_advisory_xact_lock($1)", &[&START_UP_LOCK])
+            .await?;
+        transaction
+            .batch_execute(
+                "CREATE TABLE IF NOT EXISTS schema_migrations (
+                     version    integer     PRIMARY KEY,
+                     applied_at timestamptz NOT NULL DEFAULT now()
+                 )",
+            )
+            .await?;
+        let applied: Vec<i32> = transaction
+            .query("SELECT version FROM schema_migrations", &[])
+            .await?
+            .iter()
+            .map(|row| row.get(0))
+            .collect();
+        for (version, sql) in MIGRATIONS {
+            if !applied.contains(version) {
+                transaction.batch_execute(sql).await?;
+                transaction
+                    .execute(
+                        "INSERT INTO schema_migrations (version) VALUES ($1)",
+                        &[version],
+                    )
+                    .await?;
+            }
+        }
+        let used: Vec<(i16, i64)> = transaction
+            .query(
+                "SELECT shard, used FROM user_slots ORDER BY shard FOR UPDATE",
+                &[],
+            )
+            .await?
+            .iter()
+            .map(|row| (row.get(0), row.get(1)))
+            .collect();
+        for (shard, quota) in shard_quotas(&used, capacity) {
+            transaction
+                .execute(
+                    "UPDATE user_slots SET quota = $2 WHERE shard = $1",
+                    &[&shard, &quota],
+                )
+                .await?;
+        }
+        transaction.commit().await?;
+        Ok(())
+    }
+
+    /// The database's name, for spans.
+    pub fn database(&self) -> &str {
+        &self.target.database
+    }
+
+    /// Host and port, for spans; `None` on a Unix socket.
+    pub fn server(&self) -> Option<(&str, u16)> {
+        self.target
+            .port
+            .map(|port| (self.target.host.as_str(), port))
+    }
+
+    /// See [`super::UserStore::list_page`].
+    pub async fn list_page(
+        &self,
+        after: Option<Uuid>,
+        limit: u32,
+    ) -> Result<Vec<User>, Unavailable> {
+        let limit = i64::from(limit);
+        self.bounded(async {
+            let client = self.pool.get().await?;
+            let rows = match after {
+                None => {
+                    let statement = client
+                        .prepare_cached("SELECT id, name, email FROM users ORDER BY seq LIMIT $1")
+                        .await?;
+                    client.query(&statement, &[&limit]).await?
+                }
+                Some(after) => {
+                    // An unknown `after` has no `seq`: the comparison with NULL selects nothing.
+                    let statement = client
+                        .prepare_cached(
+                            "SELECT id, name, email FROM users
+                             WHERE seq > (SELECT seq FROM users WHERE id = $1)
+                             ORDER BY seq LIMIT $2",
+                        )
+                        .await?;
+                    client.query(&statement, &[&after, &limit]).await?
+                }
+            };
+            Ok(rows.iter().map(user_from_row).collect())
+        })
+        .await
+    }
+
+    /// See [`super::UserStore::get`].
+    pub async fn get(&self, id: Uuid) -> Result<Option<User>, Unavailable> {
+        self.bounded(async {
+            let client = self.pool.get().await?;
+            let statement = client
+                .prepare_cached("SELECT id, name, email FROM users WHERE id = $1")
+                .await?;
+            let row = client.query_opt(&statement, &[&id]).await?;
+            Ok(row.as_ref().map(user_from_row))
+        })
+        .await
+    }
+
+    /// Inserts `user` and takes one unit of a shard's quota in one statement: it commits both or
+    /// neither, and it has committed when this returns `Ok`.
+    pub async fn create(&self, user: User) -> Result<User, CreateError> {
+        let key = email_key(&user.email);
+        let outcome = self
+            .bounded(async {
+                let client = self.pool.get().await?;
+                let insert = client
+                    .prepare_cached(
+                        "WITH slot AS (
+                             UPDATE user_slots SET used = used + 1
+                             WHERE shard = $5 AND used < quota
+                             RETURNING shard
+                         )
+                         INSERT INTO users (id, name, email, email_key)
+                         SELECT $1, $2, $3, $4 FROM slot",
+                    )
+                    .await?;
+                // The new id's random bits pick the first shard tried.
+                let first_shard = (u64::from(user.id.as_bytes()[15]) % SLOT_SHARDS) as i16;
+                let mut shard = first_shard;
+                loop {
+                    let inserted = client
+                        .execute(&insert, &[&user.id, &user.name, &user.email, &key, &shard])
+                        .await;
+                    match inserted {
+                        Ok(1) => return Ok(Created::Stored),
+                        Ok(_) => {}
+                        Err(error) if is_duplicate_email(&error) => {
+                            return Ok(Created::DuplicateEmail);
+                        }
+                        Err(error) => return Err(error.into()),
+                    }
+                    // That shard is full: try one with room, if any is left.
+                    let with_room = client
+                        .prepare_cached("SELECT shard FROM user_slots WHERE used < quota LIMIT 1")
+                        .await?;
+                    match client.query_opt(&with_room, &[]).await? {
+                        Some(row) => shard = row.get(0),
+                        None => break,
+                    }
+                }
+                // Full: a duplicate still answers 409, as on the memory store.
+                let taken = client
+                    .prepare_cached("SELECT EXISTS (SELECT 1 FROM users WHERE email_key = $1)")
+                    .await?;
+                let duplicate: bool = client.query_one(&taken, &[&key]).await?.get(0);
+                Ok(if duplicate {
+                    Created::DuplicateEmail
+                } else {
+                    Created::StoreFull
+                })
+            })
+            .await;
+        match outcome {
+            Ok(Created::Stored) => Ok(user),
+            Ok(Created::DuplicateEmail) => Err(CreateError::DuplicateEmail),
+            Ok(Created::StoreFull) => Err(CreateError::StoreFull),
+            Err(unavailable) => Err(CreateError::Unavailable(unavailable)),
+        }
+    }
+
+    /// The number of users, from the 16 rows of `user_slots` (no scan of `users`).
+    pub async fn count(&self) -> Result<u64, Unavailable> {
+        self.bounded(async {
+            let client = self.pool.get().await?;
+            let statement = client
+                .prepare_cached("SELECT sum(used)::bigint FROM user_slots")
+                .await?;
+            let count: Option<i64> = client.query_one(&statement, &[]).await?.get(0);
+            Ok(count.unwrap_or(0).try_into().unwrap_or(0))
+        })
+        .await
+    }
+
+    /// Runs one store call within the call timeout; any failure is [`Unavailable`].
+    async fn bounded<T>(
+        &self,
+        call: impl Future<Output = Result<T, CallError>>,
+    ) -> Result<T, Unavailable> {
+        match tokio::time::timeout(self.call_timeout, call).await {
+            Ok(Ok(value)) => Ok(value),
+            Ok(Err(error)) => Err(Unavailable(format!("{}: {}", self.target, error.0))),
+            Err(_) => Err(Unavailable(format!(
+                "{}: no answer within {} ms",
+                self.target,
+                self.call_timeout.as_millis()
+            ))),
+        }
+    }
+}
+
+/// What an insert attempt found.
+enum Created {
+    Stored,
+    DuplicateEmail,
+    StoreFull,
+}
+
+/// A failed store call, as one line.
+struct CallError(String);
+
+impl From<tokio_postgres::Error> for CallError {
+    fn from(error: tokio_postgres::Error) -> CallError {
+        CallError(one_line(&error))
+    }
+}
+
+impl From<deadpool_postgres::PoolError> for CallError {
+    fn from(error: deadpool_postgres::PoolError) -> CallError {
+        CallError(one_line(&error))
+    }
+}
+
+/// A failed start-up: a database error or no connection.
+enum StartUpError {
+    Database(tokio_postgres::Error),
+    Pool(deadpool_postgres::PoolError),
+}
+
+impl StartUpError {
+    fn code(&self) -> Option<&SqlState> {
+        match self {
+            StartUpError::Database(error) => error.code(),
+            StartUpError::Pool(deadpool_postgres::PoolError::Backend(error)) => error.code(),
+            StartUpError::Pool(_) => None,
+        }
+    }
+}
+
+impl From<tokio_postgres::Error> for StartUpError {
+    fn from(error: tokio_postgres::Error) -> StartUpError {
+        StartUpError::Database(error)
+    }
+}
+
+impl From<deadpool_postgres::PoolError> for StartUpError {
+    fn from(error: deadpool_postgres::PoolError) -> StartUpError {
+        StartUpError::Pool(error)
+    }
+}
+
+impl StartUpError {
+    fn one_line(&self) -> String {
+        match self {
+            StartUpError::Database(error) => one_line(error),
+            StartUpError::Pool(error) => one_line(error),
+        }
+    }
+}
+
+/// An error and each of its causes, on one line: `connecting: Connection refused`.
+fn one_line(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        let cause_text = cause.to_string();
+        // Some errors repeat their cause in their own message.
+        if !text.contains(&cause_text) {
+            text = format!("{text}: {cause_text}");
+        }
+        source = cause.source();
+    }
+    text.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+fn is_duplicate_email(error: &tokio_postgres::Error) -> bool {
+    error.as_db_error().is_some_and(|error| {
+        *error.code() == SqlState::UNIQUE_VIOLATION
+            && error.constraint() == Some("users_email_key_unique")
+    })
+}
+
+fn user_from_row(row: &Row) -> User {
+    User {
+        id: row.get(0),
+        name: row.get(1),
+        email: row.get(2),
+    }
+}
+
+/// Each shard's new quota: what it holds plus an even share of the room left under `capacity`.
+/// A shard never gets less than it holds, so lowering the cap below the count only stops
+/// creations.
+fn shard_quotas(used: &[(i16, i64)], capacity: u64) -> Vec<(i16, i64)> {
+    let held: u64 = used.iter().map(|&(_, used)| used.max(0) as u64).sum();
+    let room = capacity.saturating_sub(held);
+    let shards = used.len().max(1) as u64;
+    used.iter()
+        .enumerate()
+        .map(|(index, &(shard, used))| {
+            let share = room / shards + u64::from((index as u64) < room % shards);
+            let quota = (used.max(0) as u64).saturating_add(share);
+            (shard, i64::try_from(quota).unwrap_or(i64::MAX))
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn quotas_sum_to_the_capacity_spread_evenly() {
+        let used: Vec<(i16, i64)> = (0..16).map(|shard| (shard, 0)).collect();
+        let quotas = shard_quotas(&used, 1_000_003);
+        assert_eq!(
+            quotas.iter().map(|&(_, quota)| quota).sum::<i64>(),
+            1_000_003
+        );
+        assert!(
+            quotas
+                .iter()
+                .all(|&(_, quota)| quota == 62_500 || quota == 62_501)
+        );
+    }
+
+    #[test]
+    fn quotas_give_the_room_left_on_top_of_what_shards_hold() {
+        let used = [(0, 5), (1, 0)];
+        assert_eq!(shard_quotas(&used, 8), [(0, 7), (1, 1)]);
+    }
+
+    #[test]
+    fn a_cap_below_the_count_freezes_every_shard() {
+        let used = [(0, 5), (1, 3)];
+        assert_eq!(shard_quotas(&used, 4), [(0, 5), (1, 3)]);
+    }
+
+    #[test]
+    fn a_url_error_never_repeats_the_password() {
+        let error = PostgresSettings::parse_url("postgres://u:hunter2@db:notaport/x").unwrap_err();
+        assert!(!error.to_string().contains("hunter2"), "{error}");
+    }
+
+    #[test]
+    fn the_target_names_host_port_and_database_but_no_credentials() {
+        let config = PostgresSettings::parse_url(
+            "postgres://app:hunter2@db.internal:6543/users?sslmode=disable",
+        )
+        .unwrap();
+        assert_eq!(
+            Target::of(&config).to_string(),
+            "postgres://db.internal:6543/users"
+        );
+        assert!(!format!("{config:?}").contains("hunter2"));
+    }
+
+    #[test]
+    fn sslmode_require_is_refused_at_start_with_a_reason() {
+        let error = PostgresSettings::parse_url("postgres://u@db/x?sslmode=require").unwrap_err();
+        assert!(error.to_string().contains("sslmode=require"), "{error}");
+    }
+}
