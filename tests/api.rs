@@ -1,13 +1,15 @@
 //! End-to-end tests of the API: the real host binary, the real guest component, real HTTP over
-//! a socket. Each test starts its own host on an ephemeral port, so tests share no users.
+//! a socket, on each user store (`memory::*` and `postgres::*`, a real PostgreSQL). Each test
+//! starts its own host on an ephemeral port (and its own database), so tests share no users.
 
+#[macro_use]
 mod support;
 
 use std::collections::HashSet;
 
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
-use support::{Host, client, guest_path, raw_request};
+use support::{Host, Store, client, guest_path, raw_request};
 
 /// Sends `method path` with an optional JSON body and returns status, headers and parsed body.
 async fn send(
@@ -87,26 +89,23 @@ fn assert_error(
     );
 }
 
-#[tokio::test]
-async fn health_answers_200_healthy_with_the_guest_version() {
-    let host = Host::start();
+async fn health_answers_200_healthy_with_the_guest_version(store: Store) {
+    let host = Host::start_on(&store);
     let (status, headers, body) = send(&host, "GET", "/api/health", None).await;
     assert_eq!(status, StatusCode::OK);
     assert_eq!(headers["content-type"], "application/json");
     assert_eq!(body, json!({"status": "healthy", "version": "0.1.0"}));
 }
 
-#[tokio::test]
-async fn the_user_list_starts_empty() {
-    let host = Host::start();
+async fn the_user_list_starts_empty(store: Store) {
+    let host = Host::start_on(&store);
     let (status, _, body) = send(&host, "GET", "/api/users", None).await;
     assert_eq!(status, StatusCode::OK);
     assert_eq!(body, json!([]));
 }
 
-#[tokio::test]
-async fn creating_a_user_answers_201_with_exactly_id_name_and_email() {
-    let host = Host::start();
+async fn creating_a_user_answers_201_with_exactly_id_name_and_email(store: Store) {
+    let host = Host::start_on(&store);
     let user = create(&host, "  Ada Lovelace ", "ada@example.com").await;
     let fields: HashSet<&str> = user
         .as_object()
@@ -122,9 +121,8 @@ async fn creating_a_user_answers_201_with_exactly_id_name_and_email() {
     assert_eq!(user["id"], id.hyphenated().to_string());
 }
 
-#[tokio::test]
-async fn users_are_listed_in_creation_order_and_fetched_by_id_in_any_case() {
-    let host = Host::start();
+async fn users_are_listed_in_creation_order_and_fetched_by_id_in_any_case(store: Store) {
+    let host = Host::start_on(&store);
     let users = [
         create(&host, "C", "c@example.com").await,
         create(&host, "A", "a@example.com").await,
@@ -142,9 +140,8 @@ async fn users_are_listed_in_creation_order_and_fetched_by_id_in_any_case() {
     }
 }
 
-#[tokio::test]
-async fn an_unknown_or_malformed_user_id_is_404_user_not_found() {
-    let host = Host::start();
+async fn an_unknown_or_malformed_user_id_is_404_user_not_found(store: Store) {
+    let host = Host::start_on(&store);
     create(&host, "A", "a@example.com").await;
     for id in [
         uuid::Uuid::new_v4().to_string(),
@@ -157,9 +154,8 @@ async fn an_unknown_or_malformed_user_id_is_404_user_not_found() {
     }
 }
 
-#[tokio::test]
-async fn an_invalid_email_is_400_invalid_email_format_and_stores_nothing() {
-    let host = Host::start();
+async fn an_invalid_email_is_400_invalid_email_format_and_stores_nothing(store: Store) {
+    let host = Host::start_on(&store);
     for email in [
         "invalid-email",
         "a@b",
@@ -180,9 +176,8 @@ async fn an_invalid_email_is_400_invalid_email_format_and_stores_nothing() {
     assert_eq!(send(&host, "GET", "/api/users", None).await.2, json!([]));
 }
 
-#[tokio::test]
-async fn missing_or_wrongly_typed_user_fields_are_400() {
-    let host = Host::start();
+async fn missing_or_wrongly_typed_user_fields_are_400(store: Store) {
+    let host = Host::start_on(&store);
     let bodies = [
         json!({"name": "A"}),
         json!({"email": "a@example.com"}),
@@ -200,9 +195,8 @@ async fn missing_or_wrongly_typed_user_fields_are_400() {
     assert_eq!(send(&host, "GET", "/api/users", None).await.2, json!([]));
 }
 
-#[tokio::test]
-async fn unknown_fields_in_a_user_body_are_ignored() {
-    let host = Host::start();
+async fn unknown_fields_in_a_user_body_are_ignored(store: Store) {
+    let host = Host::start_on(&store);
     let (status, _, user) = send(
         &host,
         "POST",
@@ -215,9 +209,8 @@ async fn unknown_fields_in_a_user_body_are_ignored() {
     assert!(user.get("admin").is_none());
 }
 
-#[tokio::test]
-async fn a_duplicate_email_in_any_case_is_409() {
-    let host = Host::start();
+async fn a_duplicate_email_in_any_case_is_409(store: Store) {
+    let host = Host::start_on(&store);
     create(&host, "A", "Ada@Example.com").await;
     let (status, headers, body) = send(
         &host,
@@ -238,9 +231,8 @@ async fn a_duplicate_email_in_any_case_is_409() {
     );
 }
 
-#[tokio::test]
-async fn a_full_user_store_answers_503() {
-    let host = Host::start_with(&guest_path("guest"), &[("MAX_USERS", "2")]);
+async fn a_full_user_store_answers_503(store: Store) {
+    let host = Host::start_on_with(&store, &guest_path("guest"), &[("MAX_USERS", "2")]);
     create(&host, "A", "a@example.com").await;
     create(&host, "B", "b@example.com").await;
     let (status, headers, body) = send(
@@ -253,9 +245,8 @@ async fn a_full_user_store_answers_503() {
     assert_error(status, &headers, &body, StatusCode::SERVICE_UNAVAILABLE);
 }
 
-#[tokio::test]
-async fn compute_returns_exact_fibonacci_numbers() {
-    let host = Host::start();
+async fn compute_returns_exact_fibonacci_numbers(store: Store) {
+    let host = Host::start_on(&store);
     for (n, expected) in [(0, 0), (1, 1), (10, 55), (20, 6765), (35, 9_227_465)] {
         let (status, _, body) = send(&host, "POST", "/api/compute", Some(json!({"n": n}))).await;
         assert_eq!(status, StatusCode::OK);
@@ -272,9 +263,8 @@ async fn compute_returns_exact_fibonacci_numbers() {
     }
 }
 
-#[tokio::test]
-async fn compute_refuses_n_out_of_range_or_not_a_json_integer() {
-    let host = Host::start();
+async fn compute_refuses_n_out_of_range_or_not_a_json_integer(store: Store) {
+    let host = Host::start_on(&store);
     let refused = [
         r#"{"n": 36}"#,
         r#"{"n": 50}"#,
@@ -294,9 +284,8 @@ async fn compute_refuses_n_out_of_range_or_not_a_json_integer() {
     }
 }
 
-#[tokio::test]
-async fn unknown_paths_are_404_with_a_json_error() {
-    let host = Host::start();
+async fn unknown_paths_are_404_with_a_json_error(store: Store) {
+    let host = Host::start_on(&store);
     for (method, path) in [
         ("GET", "/"),
         ("GET", "/api/nope"),
@@ -308,9 +297,8 @@ async fn unknown_paths_are_404_with_a_json_error() {
     }
 }
 
-#[tokio::test]
-async fn a_wrong_method_is_405_with_allow() {
-    let host = Host::start();
+async fn a_wrong_method_is_405_with_allow(store: Store) {
+    let host = Host::start_on(&store);
     let cases = [
         ("DELETE", "/api/health", "GET, HEAD"),
         ("POST", "/api/health", "GET, HEAD"),
@@ -332,9 +320,8 @@ async fn a_wrong_method_is_405_with_allow() {
     }
 }
 
-#[tokio::test]
-async fn head_is_answered_like_get_without_a_body() {
-    let host = Host::start();
+async fn head_is_answered_like_get_without_a_body(store: Store) {
+    let host = Host::start_on(&store);
     for path in ["/api/health", "/api/users", "/metrics"] {
         let response = client().head(host.url(path)).send().await.unwrap();
         assert_eq!(response.status(), StatusCode::OK, "{path}");
@@ -343,9 +330,8 @@ async fn head_is_answered_like_get_without_a_body() {
     }
 }
 
-#[tokio::test]
-async fn a_post_without_json_content_type_is_415() {
-    let host = Host::start();
+async fn a_post_without_json_content_type_is_415(store: Store) {
+    let host = Host::start_on(&store);
     for content_type in [
         None,
         Some("text/plain"),
@@ -365,9 +351,8 @@ async fn a_post_without_json_content_type_is_415() {
     assert_eq!(with_charset.0, StatusCode::OK);
 }
 
-#[tokio::test]
-async fn a_body_that_is_not_a_json_object_is_400() {
-    let host = Host::start();
+async fn a_body_that_is_not_a_json_object_is_400(store: Store) {
+    let host = Host::start_on(&store);
     for body in [
         "{",
         "",
@@ -385,9 +370,8 @@ async fn a_body_that_is_not_a_json_object_is_400() {
     }
 }
 
-#[tokio::test]
-async fn a_body_over_the_limit_is_413_before_the_guest_runs() {
-    let host = Host::start_with(&guest_path("guest"), &[("MAX_BODY_BYTES", "1000")]);
+async fn a_body_over_the_limit_is_413_before_the_guest_runs(store: Store) {
+    let host = Host::start_on_with(&store, &guest_path("guest"), &[("MAX_BODY_BYTES", "1000")]);
     let oversized = format!(
         r#"{{"name":"{}","email":"a@example.com"}}"#,
         "x".repeat(1000)
@@ -416,9 +400,8 @@ async fn a_body_over_the_limit_is_413_before_the_guest_runs() {
     create(&host, "A", "a@example.com").await;
 }
 
-#[tokio::test]
-async fn the_default_body_limit_is_one_mebibyte() {
-    let host = Host::start();
+async fn the_default_body_limit_is_one_mebibyte(store: Store) {
+    let host = Host::start_on(&store);
     let json = Some("application/json");
     let (status, headers, body) =
         post_raw(&host, "/api/compute", json, vec![b' '; 2 * 1024 * 1024]).await;
@@ -431,9 +414,8 @@ async fn the_default_body_limit_is_one_mebibyte() {
     );
 }
 
-#[tokio::test]
-async fn checks_run_in_the_contract_order() {
-    let host = Host::start_with(&guest_path("guest"), &[("MAX_BODY_BYTES", "10")]);
+async fn checks_run_in_the_contract_order(store: Store) {
+    let host = Host::start_on_with(&store, &guest_path("guest"), &[("MAX_BODY_BYTES", "10")]);
     let big = "x".repeat(100);
     let post = |path: &str, content_type: &'static str, body: String| {
         client()
@@ -480,9 +462,8 @@ async fn checks_run_in_the_contract_order() {
     );
 }
 
-#[tokio::test]
-async fn every_response_carries_an_x_request_id() {
-    let host = Host::start();
+async fn every_response_carries_an_x_request_id(store: Store) {
+    let host = Host::start_on(&store);
     let requests = [
         ("GET", "/api/health"),
         ("GET", "/api/users"),
@@ -506,9 +487,8 @@ async fn every_response_carries_an_x_request_id() {
     assert_eq!(ids.len(), requests.len(), "each request gets its own id");
 }
 
-#[tokio::test]
-async fn a_valid_client_request_id_is_kept_and_an_invalid_one_replaced() {
-    let host = Host::start();
+async fn a_valid_client_request_id_is_kept_and_an_invalid_one_replaced(store: Store) {
+    let host = Host::start_on(&store);
     let kept = client()
         .get(host.url("/api/health"))
         .header("x-request-id", "trace-me-42")
@@ -528,9 +508,8 @@ async fn a_valid_client_request_id_is_kept_and_an_invalid_one_replaced() {
     assert!(uuid::Uuid::parse_str(id).is_ok(), "{id}");
 }
 
-#[tokio::test]
-async fn metrics_are_prometheus_text_on_the_api_port() {
-    let host = Host::start();
+async fn metrics_are_prometheus_text_on_the_api_port(store: Store) {
+    let host = Host::start_on(&store);
     send(&host, "GET", "/api/health", None).await;
     let response = client().get(host.url("/metrics")).send().await.unwrap();
     assert_eq!(response.status(), StatusCode::OK);
@@ -549,9 +528,8 @@ async fn metrics_are_prometheus_text_on_the_api_port() {
     );
 }
 
-#[tokio::test]
-async fn two_hundred_concurrent_creations_all_land() {
-    let host = Host::start();
+async fn two_hundred_concurrent_creations_all_land(store: Store) {
+    let host = Host::start_on(&store);
     let tasks: Vec<_> = (0..200)
         .map(|i| {
             let url = host.url("/api/users");
@@ -585,9 +563,8 @@ async fn two_hundred_concurrent_creations_all_land() {
     assert_eq!(listed, created);
 }
 
-#[tokio::test]
-async fn a_trapping_guest_gets_500_and_the_host_keeps_serving() {
-    let mut host = Host::start_with(&guest_path("panicking-guest"), &[]);
+async fn a_trapping_guest_gets_500_and_the_host_keeps_serving(store: Store) {
+    let mut host = Host::start_on_with(&store, &guest_path("panicking-guest"), &[]);
     for _ in 0..3 {
         let (status, headers, body) = send(&host, "GET", "/api/health", None).await;
         assert_error(status, &headers, &body, StatusCode::INTERNAL_SERVER_ERROR);
@@ -599,9 +576,8 @@ async fn a_trapping_guest_gets_500_and_the_host_keeps_serving() {
     assert_eq!(send(&host, "GET", "/metrics", None).await.0, StatusCode::OK);
 }
 
-#[tokio::test]
-async fn a_request_without_host_header_is_still_served() {
-    let host = Host::start();
+async fn a_request_without_host_header_is_still_served(store: Store) {
+    let host = Host::start_on(&store);
     let answer = raw_request(host.authority(), b"GET /api/health HTTP/1.0\r\n\r\n").await;
     assert!(
         answer.starts_with("HTTP/1.0 200") || answer.starts_with("HTTP/1.1 200"),
@@ -653,4 +629,33 @@ fn a_file_that_is_not_a_component_is_a_one_line_error() {
         stderr.contains("garbage.wasm") && stderr.contains("make build"),
         "{stderr}"
     );
+}
+
+on_every_store! {
+    health_answers_200_healthy_with_the_guest_version,
+    the_user_list_starts_empty,
+    creating_a_user_answers_201_with_exactly_id_name_and_email,
+    users_are_listed_in_creation_order_and_fetched_by_id_in_any_case,
+    an_unknown_or_malformed_user_id_is_404_user_not_found,
+    an_invalid_email_is_400_invalid_email_format_and_stores_nothing,
+    missing_or_wrongly_typed_user_fields_are_400,
+    unknown_fields_in_a_user_body_are_ignored,
+    a_duplicate_email_in_any_case_is_409,
+    a_full_user_store_answers_503,
+    compute_returns_exact_fibonacci_numbers,
+    compute_refuses_n_out_of_range_or_not_a_json_integer,
+    unknown_paths_are_404_with_a_json_error,
+    a_wrong_method_is_405_with_allow,
+    head_is_answered_like_get_without_a_body,
+    a_post_without_json_content_type_is_415,
+    a_body_that_is_not_a_json_object_is_400,
+    a_body_over_the_limit_is_413_before_the_guest_runs,
+    the_default_body_limit_is_one_mebibyte,
+    checks_run_in_the_contract_order,
+    every_response_carries_an_x_request_id,
+    a_valid_client_request_id_is_kept_and_an_invalid_one_replaced,
+    metrics_are_prometheus_text_on_the_api_port,
+    two_hundred_concurrent_creations_all_land,
+    a_trapping_guest_gets_500_and_the_host_keeps_serving,
+    a_request_without_host_header_is_still_served,
 }

@@ -3,6 +3,7 @@
 #![allow(dead_code)] // Each test file uses its own part of this module.
 
 pub mod jaeger;
+pub mod postgres;
 pub mod prometheus;
 
 use std::io::{BufRead, BufReader};
@@ -31,7 +32,61 @@ const CONFIG_VARS: &[&str] = &[
     "OTEL_SERVICE_NAME",
     "OTEL_EXPORTER_JAEGER_AGENT_HOST",
     "OTEL_EXPORTER_JAEGER_AGENT_PORT",
+    "USER_STORE",
+    "DATABASE_URL",
+    "STORE_POOL_SIZE",
+    "STORE_CONNECT_TIMEOUT_SECS",
+    "MAX_USERS",
+    "MAX_INSTANCES",
 ];
+
+/// The user store a test's host runs on.
+#[derive(Debug, Clone)]
+pub enum Store {
+    /// The default in-memory store.
+    Memory,
+    /// A database of this test's own on the shared test PostgreSQL; its URL.
+    Postgres(String),
+}
+
+impl Store {
+    /// A fresh, empty PostgreSQL database (see [`postgres::Server::shared`]).
+    pub fn postgres() -> Store {
+        Store::Postgres(postgres::Server::shared().create_database())
+    }
+
+    /// The environment that points a host at this store.
+    pub fn env(&self) -> Vec<(&'static str, String)> {
+        match self {
+            Store::Memory => vec![],
+            Store::Postgres(url) => vec![("USER_STORE", url.clone())],
+        }
+    }
+}
+
+/// Runs each listed test function (an `async fn(Store)`) once per store, as
+/// `memory::<name>` and `postgres::<name>`: one suite, both stores.
+#[allow(unused_macros)] // Only the files whose tests run on both stores use it.
+macro_rules! on_every_store {
+    ($($test:ident),+ $(,)?) => {
+        mod memory {
+            $(
+                #[tokio::test]
+                async fn $test() {
+                    super::$test(super::support::Store::Memory).await;
+                }
+            )+
+        }
+        mod postgres {
+            $(
+                #[tokio::test]
+                async fn $test() {
+                    super::$test(super::support::Store::postgres()).await;
+                }
+            )+
+        }
+    };
+}
 
 /// The path of a guest component built by `make build` (`guest`, or a fixture's crate name).
 pub fn guest_path(crate_name: &str) -> PathBuf {
@@ -74,6 +129,22 @@ impl Host {
     /// the start-up line; ready once it accepts connections.
     pub fn start_on_free_port(env: &[(&str, &str)]) -> Host {
         Host::spawn(&guest_path("guest"), free_port(), env)
+    }
+
+    /// The host serving the real guest on `store` with default settings.
+    pub fn start_on(store: &Store) -> Host {
+        Host::start_on_with(store, &guest_path("guest"), &[])
+    }
+
+    /// The host serving `guest` on `store`, with extra environment variables.
+    pub fn start_on_with(store: &Store, guest: &Path, env: &[(&str, &str)]) -> Host {
+        let store_env = store.env();
+        let mut all: Vec<(&str, &str)> = store_env
+            .iter()
+            .map(|(name, value)| (*name, value.as_str()))
+            .collect();
+        all.extend_from_slice(env);
+        Host::spawn(guest, 0, &all)
     }
 
     fn spawn(guest: &Path, port: u16, env: &[(&str, &str)]) -> Host {
