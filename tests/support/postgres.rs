@@ -165,13 +165,15 @@ impl Cluster {
             pid = std::process::id(),
             dir = self.dir.display(),
         );
-        Command::new("setsid")
-            .args(["sh", "-c", &script])
+        // `setsid -f` forks the watchdog into a session of its own and returns at once.
+        let started = Command::new("setsid")
+            .args(["-f", "sh", "-c", &script])
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
-            .spawn()
+            .status()
             .expect("the cluster's watchdog starts");
+        assert!(started.success(), "setsid failed");
     }
 }
 
