@@ -274,6 +274,22 @@ impl Host {
         self.base_url.trim_start_matches("http://")
     }
 
+    /// Kills the process with SIGKILL (no chance to flush or finish anything) and waits for it.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// The process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// The process's resident memory, in bytes.
+    pub fn resident_bytes(&self) -> u64 {
+        resident_bytes(self.pid()).expect("the host is running")
+    }
+
     /// Whether the process is still running.
     pub fn is_running(&mut self) -> bool {
         self.child.try_wait().unwrap().is_none()
@@ -305,6 +321,20 @@ fn listening_address(line: &str) -> Option<String> {
         .find(|c: char| c == '"' || c.is_whitespace())
         .unwrap_or(rest.len());
     Some(rest[..end].to_string())
+}
+
+/// The resident memory (`VmRSS`) of process `pid`, in bytes; `None` once it has exited.
+pub fn resident_bytes(pid: u32) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let kib: u64 = status
+        .lines()
+        .find_map(|line| line.strip_prefix("VmRSS:"))?
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse()
+        .ok()?;
+    Some(kib * 1024)
 }
 
 /// A loopback port that was free a moment ago, for a server a test starts.

@@ -145,14 +145,15 @@ impl PostgresStore {
             let hopeless = error.code().is_some_and(|code| {
                 code.code().starts_with("28") || *code == SqlState::INVALID_CATALOG_NAME
             });
-            if hopeless || started.elapsed() + RETRY_PAUSE > settings.connect_wait {
+            let remaining = settings.connect_wait.saturating_sub(started.elapsed());
+            if hopeless || remaining.is_zero() {
                 return Err(Error::StoreUnreachable {
                     target: store.target.to_string(),
                     waited: started.elapsed(),
                     reason: error.one_line(),
                 });
             }
-            tokio::time::sleep(RETRY_PAUSE).await;
+            tokio::time::sleep(RETRY_PAUSE.min(remaining)).await;
         }
     }
 

@@ -1,0 +1,417 @@
+//! The user store beyond one process: several hosts on one PostgreSQL, restarts, outages, start-up
+//! failures, and lists too long to hold in memory. Real hosts, a real PostgreSQL (see
+//! `support/postgres.rs`), real HTTP.
+
+#[macro_use]
+mod support;
+
+use std::collections::HashSet;
+use std::process::Command;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+use support::postgres::Server;
+use support::{Host, Store, client, create_user, free_port, get_json, guest_path};
+
+/// `POST /api/users` on `base_url`: the status and the body as JSON.
+async fn try_create(base_url: &str, name: &str, email: &str) -> (u16, Value) {
+    create_with(&client(), base_url, name, email).await
+}
+
+/// `POST /api/users` through `client`, which may reuse its connections.
+async fn create_with(
+    client: &reqwest::Client,
+    base_url: &str,
+    name: &str,
+    email: &str,
+) -> (u16, Value) {
+    let response = client
+        .post(format!("{base_url}/api/users"))
+        .json(&json!({ "name": name, "email": email }))
+        .send()
+        .await
+        .unwrap();
+    let status = response.status().as_u16();
+    (status, response.json().await.unwrap_or(Value::Null))
+}
+
+/// The ids `GET /api/users` lists, in order.
+async fn listed_ids(host: &Host) -> Vec<String> {
+    get_json(host, "/api/users")
+        .await
+        .as_array()
+        .expect("the list is an array")
+        .iter()
+        .map(|user| user["id"].as_str().unwrap().to_string())
+        .collect()
+}
+
+/// The database URL of a PostgreSQL store.
+fn url_of(store: &Store) -> &str {
+    match store {
+        Store::Postgres(url) => url,
+        Store::Memory => panic!("a PostgreSQL store"),
+    }
+}
+
+#[tokio::test]
+async fn two_hosts_on_one_database_share_their_users() {
+    let store = Store::postgres();
+    let a = Host::start_on(&store);
+    // DATABASE_URL is honoured when USER_STORE is unset.
+    let b = Host::start_with(&guest_path("guest"), &[("DATABASE_URL", url_of(&store))]);
+
+    let created = create_user(&a, "Ada", "ada@example.com").await;
+    let id = created["id"].as_str().unwrap();
+    assert_eq!(get_json(&b, &format!("/api/users/{id}")).await, created);
+    assert_eq!(get_json(&b, "/api/users").await, json!([created]));
+    let (status, body) = try_create(&b.base_url, "Other", "ADA@example.COM").await;
+    assert_eq!(status, 409, "{body}");
+}
+
+#[tokio::test]
+async fn concurrent_creations_over_two_hosts_give_exactly_one_201_per_email() {
+    let store = Store::postgres();
+    let hosts = [Host::start_on(&store), Host::start_on(&store)];
+    // 200 requests, alternating between the hosts; the first 20 e-mails are sent twice, once to
+    // each host, at the same moment.
+    let emails: Vec<String> = (0..200)
+        .map(|i| {
+            let user = if i < 40 { i / 2 } else { i - 20 };
+            format!("user{user}@example.com")
+        })
+        .collect();
+    let tasks: Vec<_> = emails
+        .iter()
+        .enumerate()
+        .map(|(i, email)| {
+            let base_url = hosts[i % 2].base_url.clone();
+            let email = email.clone();
+            tokio::spawn(async move { try_create(&base_url, "U", &email).await })
+        })
+        .collect();
+    let mut created = HashSet::new();
+    let mut conflicts = 0;
+    for task in tasks {
+        match task.await.unwrap() {
+            (201, user) => {
+                created.insert(user["id"].as_str().unwrap().to_string());
+            }
+            (409, _) => conflicts += 1,
+            (status, body) => panic!("unexpected {status}: {body}"),
+        }
+    }
+    assert_eq!((created.len(), conflicts), (180, 20));
+    let on_a = listed_ids(&hosts[0]).await;
+    let on_b = listed_ids(&hosts[1]).await;
+    assert_eq!(
+        on_a, on_b,
+        "both hosts list the same users in the same order"
+    );
+    assert_eq!(on_a.into_iter().collect::<HashSet<_>>(), created);
+}
+
+#[tokio::test]
+async fn the_cap_holds_across_hosts() {
+    let store = Store::postgres();
+    let env = [("MAX_USERS", "10")];
+    let hosts = [
+        Host::start_on_with(&store, &guest_path("guest"), &env),
+        Host::start_on_with(&store, &guest_path("guest"), &env),
+    ];
+    let tasks: Vec<_> = (0..40)
+        .map(|i| {
+            let base_url = hosts[i % 2].base_url.clone();
+            tokio::spawn(async move { try_create(&base_url, "U", &format!("u{i}@x.io")).await })
+        })
+        .collect();
+    let mut statuses = Vec::new();
+    for task in tasks {
+        let (status, body) = task.await.unwrap();
+        if status == 503 {
+            assert_eq!(body, json!({"error": "User store is full"}));
+        }
+        statuses.push(status);
+    }
+    assert_eq!(statuses.iter().filter(|&&status| status == 201).count(), 10);
+    assert_eq!(statuses.iter().filter(|&&status| status == 503).count(), 30);
+    for host in &hosts {
+        assert_eq!(listed_ids(host).await.len(), 10);
+        let metrics = client()
+            .get(host.url("/metrics"))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        assert!(metrics.contains("\nusers_stored 10\n"), "{metrics}");
+    }
+}
+
+#[tokio::test]
+async fn replicas_starting_at_the_same_moment_all_start_and_migrate_once() {
+    let store = Store::postgres();
+    let starting: Vec<_> = (0..4)
+        .map(|_| {
+            let store = store.clone();
+            std::thread::spawn(move || Host::start_on(&store))
+        })
+        .collect();
+    let hosts: Vec<Host> = starting
+        .into_iter()
+        .map(|thread| thread.join().unwrap())
+        .collect();
+    for (i, host) in hosts.iter().enumerate() {
+        create_user(host, "U", &format!("u{i}@x.io")).await;
+    }
+    let database = url_of(&store).rsplit('/').next().unwrap();
+    let migrations = Server::shared().psql(database, "SELECT count(*) FROM schema_migrations");
+    assert_eq!(migrations, "1");
+}
+
+#[tokio::test]
+async fn acknowledged_users_survive_a_sigterm_and_a_sigkill() {
+    // A password in the URL (trust authentication ignores it) must never be written anywhere.
+    let url = url_of(&Store::postgres()).replacen("postgres@", "postgres:hunter2@", 1);
+    let store = Store::Postgres(url);
+    let mut first = Host::start_on(&store);
+    let mut acknowledged = Vec::new();
+    for i in 0..20 {
+        acknowledged.push(create_user(&first, "U", &format!("u{i}@x.io")).await);
+    }
+    assert!(first.terminate().success());
+
+    let mut second = Host::start_on(&store);
+    let last = create_user(&second, "Last", "last@x.io").await;
+    second.kill(); // right after the 201: nothing gets a chance to flush
+    acknowledged.push(last);
+
+    let third = Host::start_on(&store);
+    assert_eq!(get_json(&third, "/api/users").await, json!(acknowledged));
+    for host in [&first, &second, &third] {
+        let output = host.stdout.lock().unwrap().join("\n");
+        assert!(!output.contains("hunter2"), "the password was logged");
+    }
+}
+
+#[tokio::test]
+async fn an_outage_is_a_503_while_health_and_metrics_stay_200_and_the_host_recovers_alone() {
+    let server = Server::start_own();
+    let store = Store::Postgres(server.create_database());
+    let mut host = Host::start_on(&store);
+    let before = create_user(&host, "Before", "before@x.io").await;
+    let id = before["id"].as_str().unwrap().to_string();
+
+    // Clients hit every endpoint in a loop while the database goes away and comes back.
+    let answers: Arc<Mutex<Vec<(&'static str, u16, Value)>>> = Arc::default();
+    let running = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let clients: Vec<_> = ["list", "get", "create", "health", "metrics"]
+        .into_iter()
+        .map(|endpoint| {
+            let (base, id) = (host.base_url.clone(), id.clone());
+            let (answers, running) = (Arc::clone(&answers), Arc::clone(&running));
+            tokio::spawn(async move {
+                let mut i = 0;
+                while running.load(std::sync::atomic::Ordering::Relaxed) {
+                    i += 1;
+                    let request = match endpoint {
+                        "list" => client().get(format!("{base}/api/users")),
+                        "get" => client().get(format!("{base}/api/users/{id}")),
+                        "create" => client()
+                            .post(format!("{base}/api/users"))
+                            .json(&json!({"name": "U", "email": format!("u{i}@x.io")})),
+                        "health" => client().get(format!("{base}/api/health")),
+                        _ => client().get(format!("{base}/metrics")),
+                    };
+                    let started = Instant::now();
+                    let response = request.send().await.unwrap();
+                    let status = response.status().as_u16();
+                    let text = response.text().await.unwrap_or_default();
+                    let body = serde_json::from_str(&text).unwrap_or(Value::Null);
+                    assert!(
+                        started.elapsed() < Duration::from_secs(10),
+                        "{endpoint} took {:?}",
+                        started.elapsed()
+                    );
+                    answers.lock().unwrap().push((endpoint, status, body));
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+            })
+        })
+        .collect();
+
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    server.cluster().kill_server();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let outage_answers = answers.lock().unwrap().len();
+    server.cluster().start_server();
+    // Back without restarting the host: a creation succeeds again within seconds.
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let (status, _) = try_create(&host.base_url, "After", "after@x.io").await;
+        if status == 201 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no 201 after the database came back"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    running.store(false, std::sync::atomic::Ordering::Relaxed);
+    for client in clients {
+        client.await.unwrap();
+    }
+
+    let answers = answers.lock().unwrap();
+    assert!(outage_answers > 20, "the clients ran through the outage");
+    let unavailable = json!({"error": "User store unavailable"});
+    let mut saw_503 = HashSet::new();
+    for (endpoint, status, body) in answers.iter() {
+        match (*endpoint, status) {
+            ("health" | "metrics", 200) => {}
+            ("health" | "metrics", _) => panic!("{endpoint} answered {status}"),
+            (_, 200 | 201) => {}
+            (_, 503) => {
+                assert_eq!(body, &unavailable, "{endpoint}");
+                saw_503.insert(*endpoint);
+            }
+            _ => panic!("{endpoint} answered {status}: {body}"),
+        }
+    }
+    assert_eq!(
+        saw_503.len(),
+        3,
+        "every store endpoint saw the outage: {saw_503:?}"
+    );
+    assert!(host.is_running());
+    assert!(listed_ids(&host).await.contains(&id));
+}
+
+#[test]
+fn an_unreachable_database_at_start_is_a_one_line_error_naming_it_without_the_password() {
+    let port = free_port(); // nothing listens there
+    let started = Instant::now();
+    let output = Command::new(env!("CARGO_BIN_EXE_host"))
+        .env_remove("DATABASE_URL")
+        .args([
+            "--port",
+            "0",
+            "--bind",
+            "127.0.0.1",
+            "--store-connect-timeout-secs",
+            "1",
+        ])
+        .arg("--store")
+        .arg(format!("postgres://app:hunter2@127.0.0.1:{port}/users_db"))
+        .arg("--guest")
+        .arg(guest_path("guest"))
+        .env("LOG_FILE", support::tempdir().join("app.log"))
+        .output()
+        .unwrap();
+    let waited = started.elapsed();
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
+    assert!(
+        stderr.contains(&format!("127.0.0.1:{port}/users_db")),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("hunter2") && !stdout.contains("hunter2"));
+    assert!(
+        waited >= Duration::from_secs(1) && waited < Duration::from_secs(10),
+        "waited {waited:?}"
+    );
+}
+
+/// Users created through the API, `in_flight` at a time.
+async fn create_many(host: &Host, count: usize, in_flight: usize) {
+    let permits = Arc::new(tokio::sync::Semaphore::new(in_flight));
+    let mut tasks = Vec::with_capacity(count);
+    let client = client();
+    for i in 0..count {
+        let permit = Arc::clone(&permits).acquire_owned().await.unwrap();
+        let (client, base_url) = (client.clone(), host.base_url.clone());
+        tasks.push(tokio::spawn(async move {
+            let (status, body) = create_with(
+                &client,
+                &base_url,
+                &format!("User {i}"),
+                &format!("u{i}@x.io"),
+            )
+            .await;
+            assert_eq!(status, 201, "{body}");
+            drop(permit);
+        }));
+    }
+    for task in tasks {
+        task.await.unwrap();
+    }
+}
+
+async fn a_long_list_streams_in_bounded_memory(store: Store) {
+    const USERS: usize = 100_000;
+    const CLIENTS: usize = 32;
+    // A debug host streaming 32 lists at once needs longer than the default deadline.
+    let host = Host::start_on_with(
+        &store,
+        &guest_path("guest"),
+        &[("REQUEST_TIMEOUT_MS", "120000")],
+    );
+    let creating = Instant::now();
+    create_many(&host, USERS, 64).await;
+    eprintln!("{store:?}: {USERS} users created in {:?}", creating.elapsed());
+    let idle = host.resident_bytes();
+    let listing = Instant::now();
+
+    let peak = Arc::new(std::sync::atomic::AtomicU64::new(idle));
+    let sampling = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let pid = host.pid();
+    let sampler = {
+        let (peak, sampling) = (Arc::clone(&peak), Arc::clone(&sampling));
+        std::thread::spawn(move || {
+            while sampling.load(std::sync::atomic::Ordering::Relaxed) {
+                if let Some(rss) = support::resident_bytes(pid) {
+                    peak.fetch_max(rss, std::sync::atomic::Ordering::Relaxed);
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        })
+    };
+    let lists: Vec<_> = (0..CLIENTS)
+        .map(|_| {
+            let url = host.url("/api/users");
+            tokio::spawn(async move {
+                let response = client().get(url).send().await.unwrap();
+                assert_eq!(response.status(), 200);
+                let users: Vec<Value> = response.json().await.expect("a complete JSON array");
+                users.len()
+            })
+        })
+        .collect();
+    for list in lists {
+        assert_eq!(list.await.unwrap(), USERS);
+    }
+    eprintln!("{store:?}: listed by {CLIENTS} clients in {:?}", listing.elapsed());
+    sampling.store(false, std::sync::atomic::Ordering::Relaxed);
+    sampler.join().unwrap();
+    let peak = peak.load(std::sync::atomic::Ordering::Relaxed);
+    eprintln!(
+        "{store:?}: resident {} MiB idle, {} MiB at most while listing",
+        idle >> 20,
+        peak >> 20
+    );
+    assert!(
+        peak <= 2 * idle,
+        "resident memory {} MiB while listing, {} MiB idle",
+        peak >> 20,
+        idle >> 20
+    );
+}
+
+on_every_store! {
+    a_long_list_streams_in_bounded_memory,
+}
