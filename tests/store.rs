@@ -196,6 +196,9 @@ async fn acknowledged_users_survive_a_sigterm_and_a_sigkill() {
     }
 }
 
+/// What a client got: the endpoint it called, the status, the body as JSON.
+type Answer = (&'static str, u16, Value);
+
 #[tokio::test]
 async fn an_outage_is_a_503_while_health_and_metrics_stay_200_and_the_host_recovers_alone() {
     let server = Server::start_own();
@@ -205,7 +208,7 @@ async fn an_outage_is_a_503_while_health_and_metrics_stay_200_and_the_host_recov
     let id = before["id"].as_str().unwrap().to_string();
 
     // Clients hit every endpoint in a loop while the database goes away and comes back.
-    let answers: Arc<Mutex<Vec<(&'static str, u16, Value)>>> = Arc::default();
+    let answers: Arc<Mutex<Vec<Answer>>> = Arc::default();
     let running = Arc::new(std::sync::atomic::AtomicBool::new(true));
     let clients: Vec<_> = ["list", "get", "create", "health", "metrics"]
         .into_iter()
@@ -265,7 +268,7 @@ async fn an_outage_is_a_503_while_health_and_metrics_stay_200_and_the_host_recov
         client.await.unwrap();
     }
 
-    let answers = answers.lock().unwrap();
+    let answers = std::mem::take(&mut *answers.lock().unwrap());
     assert!(outage_answers > 20, "the clients ran through the outage");
     let unavailable = json!({"error": "User store unavailable"});
     let mut saw_503 = HashSet::new();
@@ -363,7 +366,10 @@ async fn a_long_list_streams_in_bounded_memory(store: Store) {
     );
     let creating = Instant::now();
     create_many(&host, USERS, 64).await;
-    eprintln!("{store:?}: {USERS} users created in {:?}", creating.elapsed());
+    eprintln!(
+        "{store:?}: {USERS} users created in {:?}",
+        creating.elapsed()
+    );
     let idle = host.resident_bytes();
     let listing = Instant::now();
 
@@ -395,7 +401,10 @@ async fn a_long_list_streams_in_bounded_memory(store: Store) {
     for list in lists {
         assert_eq!(list.await.unwrap(), USERS);
     }
-    eprintln!("{store:?}: listed by {CLIENTS} clients in {:?}", listing.elapsed());
+    eprintln!(
+        "{store:?}: listed by {CLIENTS} clients in {:?}",
+        listing.elapsed()
+    );
     sampling.store(false, std::sync::atomic::Ordering::Relaxed);
     sampler.join().unwrap();
     let peak = peak.load(std::sync::atomic::Ordering::Relaxed);
