@@ -48,6 +48,10 @@ per_request = {
 mixed = read("health-under-compute")
 memory = read("memory")
 start = read("start")
+pgbench = read("pgbench-select")
+stores = [("memory", "memory"), ("postgres", "PostgreSQL")]
+store_runs = {(kind, store): read(f"{kind}-user-{store}") for kind in ("get", "create") for store, _ in stores}
+store_rps = {key: rps(run) for key, run in store_runs.items()}
 
 
 def ratio(a, b):
@@ -74,6 +78,12 @@ rows = [
      "<= 10", lambda v: v <= 10, "{:.1f}"),
     ("start to first 200, release, cache warm (s)",
      start["start_ms"] / 1000 if start else None, "<= 0.5", lambda v: v <= 0.5, "{:.3f}"),
+    ("GET /api/users/{id} on PostgreSQL / pgbench -S (prepared) on the same machine",
+     ratio(store_rps[("get", "postgres")], pgbench["tps"] if pgbench else None), ">= 0.5",
+     lambda v: v >= 0.5, "{:.2f}"),
+    ("POST /api/users on PostgreSQL / GET /api/users/{id} on PostgreSQL",
+     ratio(store_rps[("create", "postgres")], store_rps[("get", "postgres")]), ">= 0.3",
+     lambda v: v >= 0.3, "{:.2f}"),
 ]
 
 
@@ -99,6 +109,21 @@ for name, label in contenders:
     contender_table.append(
         f"| {label} | {throughput[name]:,.0f} | {run['p50_us'] / 1000:.2f} | {run['p99_us'] / 1000:.2f} "
         f"| {run['non_2xx'] + run['socket_errors']} | {throughput[name] / throughput['native-hyper']:.3f} |")
+store_table = ["| Store | request | requests/s | p50 (ms) | p99 (ms) | non-2xx + socket errors |",
+               "|---|---|---|---|---|---|"]
+for store, label in stores:
+    for kind, request in (("get", "GET /api/users/{id}"), ("create", "POST /api/users")):
+        run = store_runs[(kind, store)]
+        if not run:
+            store_table.append(f"| {label} | {request} | not run | | | |")
+            continue
+        store_table.append(
+            f"| {label} | {request} | {rps(run):,.0f} | {run['p50_us'] / 1000:.2f} | "
+            f"{run['p99_us'] / 1000:.2f} | {run['non_2xx'] + run['socket_errors']} |")
+store_table.append(f"| PostgreSQL's own ceiling | pgbench -S -M prepared, 32 clients | "
+                   f"{pgbench['tps']:,.0f} transactions/s | | | |" if pgbench else
+                   "| PostgreSQL's own ceiling | pgbench -S | not run | | | |")
+
 per_request_lines = [f"- one instantiate + handle of `GET /api/health`, no sockets: "
                      f"{name} {ns / 1000:.1f} µs" for name, ns in per_request.items() if ns]
 if fib:
@@ -112,6 +137,8 @@ if fib:
 print("\n".join(contender_table))
 print()
 print("\n".join(table))
+print()
+print("\n".join(store_table))
 print()
 print("\n".join(per_request_lines))
 
@@ -157,6 +184,14 @@ Machine: {machine}.
 ## Targets
 
 {chr(10).join(table)}
+
+## User store (wrk -t2 -c32, {os.environ.get('BENCH_SECONDS', '10')} s each; a host per store, full telemetry)
+
+Lookups cycle through 1,000 users stored first; every creation has an e-mail of its own. The
+PostgreSQL cluster runs on the same two cores with stock settings (fsync on), so a 201 is a
+durable commit.
+
+{chr(10).join(store_table)}
 
 ## Per request, without sockets (criterion; fib in interleaved rounds)
 

