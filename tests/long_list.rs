@@ -1,0 +1,158 @@
+//! Lists too long to hold in memory: 100,000 users listed by 32 clients at once on each store,
+//! and a list cut short by the deadline. A test binary of its own, so its load does not slow
+//! the timing-sensitive tests of the others (cargo runs test binaries one after another).
+
+#[macro_use]
+mod support;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+use support::{Host, Store, client, guest_path};
+
+/// `POST /api/users` through `client`, which may reuse its connections.
+async fn create_with(
+    client: &reqwest::Client,
+    base_url: &str,
+    name: &str,
+    email: &str,
+) -> (u16, Value) {
+    let response = client
+        .post(format!("{base_url}/api/users"))
+        .json(&json!({ "name": name, "email": email }))
+        .send()
+        .await
+        .unwrap();
+    let status = response.status().as_u16();
+    (status, response.json().await.unwrap_or(Value::Null))
+}
+
+/// Users created through the API, `in_flight` at a time.
+async fn create_many(host: &Host, count: usize, in_flight: usize, name: &str) {
+    let permits = Arc::new(tokio::sync::Semaphore::new(in_flight));
+    let mut tasks = Vec::with_capacity(count);
+    let client = client();
+    for i in 0..count {
+        let permit = Arc::clone(&permits).acquire_owned().await.unwrap();
+        let (client, base_url, name) = (client.clone(), host.base_url.clone(), name.to_string());
+        tasks.push(tokio::spawn(async move {
+            let (status, body) =
+                create_with(&client, &base_url, &name, &format!("u{i}@x.io")).await;
+            assert_eq!(status, 201, "{body}");
+            drop(permit);
+        }));
+    }
+    for task in tasks {
+        task.await.unwrap();
+    }
+}
+
+async fn a_long_list_streams_in_bounded_memory(store: Store) {
+    const USERS: usize = 100_000;
+    const CLIENTS: usize = 32;
+    // A debug host streaming 32 lists at once needs longer than the default deadline.
+    let host = Host::start_on_with(
+        &store,
+        &guest_path("guest"),
+        &[("REQUEST_TIMEOUT_MS", "120000")],
+    );
+    let creating = Instant::now();
+    create_many(&host, USERS, 64, "User").await;
+    eprintln!(
+        "{store:?}: {USERS} users created in {:?}",
+        creating.elapsed()
+    );
+    let idle = host.resident_bytes();
+    let listing = Instant::now();
+
+    let peak = Arc::new(std::sync::atomic::AtomicU64::new(idle));
+    let sampling = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let pid = host.pid();
+    let sampler = {
+        let (peak, sampling) = (Arc::clone(&peak), Arc::clone(&sampling));
+        std::thread::spawn(move || {
+            while sampling.load(std::sync::atomic::Ordering::Relaxed) {
+                if let Some(rss) = support::resident_bytes(pid) {
+                    peak.fetch_max(rss, std::sync::atomic::Ordering::Relaxed);
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        })
+    };
+    let lists: Vec<_> = (0..CLIENTS)
+        .map(|_| {
+            let url = host.url("/api/users");
+            tokio::spawn(async move {
+                let response = client().get(url).send().await.unwrap();
+                assert_eq!(response.status(), 200);
+                let users: Vec<Value> = response.json().await.expect("a complete JSON array");
+                users.len()
+            })
+        })
+        .collect();
+    for list in lists {
+        assert_eq!(list.await.unwrap(), USERS);
+    }
+    eprintln!(
+        "{store:?}: listed by {CLIENTS} clients in {:?}",
+        listing.elapsed()
+    );
+    sampling.store(false, std::sync::atomic::Ordering::Relaxed);
+    sampler.join().unwrap();
+    let peak = peak.load(std::sync::atomic::Ordering::Relaxed);
+    eprintln!(
+        "{store:?}: resident {} MiB idle, {} MiB at most while listing",
+        idle >> 20,
+        peak >> 20
+    );
+    assert!(
+        peak <= 2 * idle,
+        "resident memory {} MiB while listing, {} MiB idle",
+        peak >> 20,
+        idle >> 20
+    );
+}
+
+/// A list the deadline stops half-way is cut off (no final chunk), never a shorter array that
+/// looks complete. The client stops reading until the deadline has passed, so the guest is
+/// still streaming when it comes.
+async fn a_list_cut_by_the_deadline_never_looks_complete(store: Store) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let host = Host::start_on_with(
+        &store,
+        &guest_path("guest"),
+        &[("REQUEST_TIMEOUT_MS", "2000"), ("STORE_POOL_SIZE", "16")],
+    );
+    // About 6 MB of JSON: more than the socket buffers hold. As many creations at once as the
+    // pool has connections, so none waits for one past its 1 s call timeout.
+    create_many(&host, 20_000, 16, &"n".repeat(200)).await;
+    let mut stream = tokio::net::TcpStream::connect(host.authority())
+        .await
+        .unwrap();
+    stream
+        .write_all(b"GET /api/users HTTP/1.1\r\nHost: test\r\n\r\n")
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    let mut answer = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(30), stream.read_to_end(&mut answer)).await;
+    assert!(read.is_ok(), "the host closed the connection");
+    let text = String::from_utf8_lossy(&answer);
+    assert!(
+        text.starts_with("HTTP/1.1 200"),
+        "{}",
+        &text[..text.len().min(200)]
+    );
+    assert!(text.contains("transfer-encoding: chunked"));
+    assert!(
+        !text.ends_with("0\r\n\r\n"),
+        "a cut-short list ended like a complete one ({} bytes)",
+        answer.len()
+    );
+}
+
+on_every_store! {
+    a_long_list_streams_in_bounded_memory,
+    a_list_cut_by_the_deadline_never_looks_complete,
+}
