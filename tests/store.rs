@@ -173,8 +173,13 @@ async fn replicas_starting_at_the_same_moment_all_start_and_migrate_once() {
 
 #[tokio::test]
 async fn acknowledged_users_survive_a_sigterm_and_a_sigkill() {
-    // A password in the URL (trust authentication ignores it) must never be written anywhere.
-    let url = url_of(&Store::postgres()).replacen("postgres@", "postgres:hunter2@", 1);
+    // A cluster of this test's own, with trust authentication: a password in the URL is ignored
+    // by the server, and must never be written anywhere by the host.
+    let server = Server::start_own();
+    let url = server
+        .create_database()
+        .replacen("postgres@", "postgres:hunter2@", 1);
+    assert!(url.contains("hunter2"));
     let store = Store::Postgres(url);
     let mut first = Host::start_on(&store);
     let mut acknowledged = Vec::new();
@@ -192,7 +197,10 @@ async fn acknowledged_users_survive_a_sigterm_and_a_sigkill() {
     assert_eq!(get_json(&third, "/api/users").await, json!(acknowledged));
     for host in [&first, &second, &third] {
         let output = host.stdout.lock().unwrap().join("\n");
+        let log_file = std::fs::read_to_string(&host.log_file).unwrap();
+        assert!(output.contains("user store ready"), "{output}");
         assert!(!output.contains("hunter2"), "the password was logged");
+        assert!(!log_file.contains("hunter2"), "the password was logged");
     }
 }
 

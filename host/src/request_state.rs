@@ -28,6 +28,8 @@ pub struct RequestState {
     pub(crate) metrics: Option<Arc<Metrics>>,
     /// The request's server span: the parent of every span the guest opens.
     pub(crate) request_span: tracing::Span,
+    /// Store calls of this request that got a span (see `users::MAX_STORE_SPANS_PER_REQUEST`).
+    pub(crate) store_spans: u32,
     /// The guest's spans still open, innermost last, by resource handle.
     pub(crate) open_spans: Vec<(u32, tracing::Span)>,
     /// The per-instance resource limits (linear memory), enforced by wasmtime.
@@ -57,6 +59,7 @@ impl RequestState {
             users,
             metrics,
             request_span,
+            store_spans: 0,
             open_spans: Vec::new(),
             telemetry_enabled: true,
             limits: wasmtime::StoreLimits::default(),

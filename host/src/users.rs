@@ -16,7 +16,16 @@ use uuid::Uuid;
 
 use crate::bindings::users::{CreateError, Host, StoreError, User};
 use crate::request_state::RequestState;
-use crate::user_store::{self, Unavailable, UserStore};
+use crate::user_store::{self, Unavailable};
+
+/// The longest `name` and `email` the host stores, in bytes: the guest's own limits (200 and 254
+/// characters) at four bytes a character. A guest that sends more has a bug, and traps.
+pub const MAX_NAME_BYTES: usize = 200 * 4;
+/// See [`MAX_NAME_BYTES`].
+pub const MAX_EMAIL_BYTES: usize = 254 * 4;
+/// Store calls of one request that get a span of their own; later ones (a long list's pages)
+/// are timed and counted only, so no request floods the trace exporter.
+pub const MAX_STORE_SPANS_PER_REQUEST: u32 = 64;
 
 impl Host for RequestState {
     async fn list(
@@ -55,6 +64,13 @@ impl Host for RequestState {
         name: String,
         email: String,
     ) -> wasmtime::Result<Result<User, CreateError>> {
+        if name.len() > MAX_NAME_BYTES || email.len() > MAX_EMAIL_BYTES {
+            wasmtime::bail!(
+                "users.create with a {}-byte name and a {}-byte email: over the host's limits",
+                name.len(),
+                email.len()
+            );
+        }
         let users = Arc::clone(&self.users);
         let created = self
             .store_call(StoreCall::Create, users.create(&name, &email))
@@ -125,7 +141,7 @@ impl RequestState {
         call: StoreCall,
         future: impl Future<Output = R>,
     ) -> R {
-        let span = self.store_span(call, &self.users);
+        let span = self.store_span(call);
         let started = Instant::now();
         let outcome = future.instrument(span.clone()).await;
         let fault = outcome.fault();
@@ -147,11 +163,12 @@ impl RequestState {
         outcome
     }
 
-    fn store_span(&self, call: StoreCall, users: &UserStore) -> tracing::Span {
-        if !self.telemetry_enabled {
+    fn store_span(&mut self, call: StoreCall) -> tracing::Span {
+        if !self.telemetry_enabled || self.store_spans >= MAX_STORE_SPANS_PER_REQUEST {
             return tracing::Span::none();
         }
-        let target = users.span_target();
+        self.store_spans += 1;
+        let target = self.users.span_target();
         let (address, port) = target.server.unzip();
         tracing::info_span!(
             parent: self.innermost_span(),
@@ -183,6 +200,7 @@ impl From<user_store::User> for User {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::user_store::UserStore;
 
     fn request(store: &Arc<UserStore>) -> RequestState {
         RequestState::new(Arc::clone(store), None, tracing::Span::none())
@@ -227,6 +245,17 @@ mod tests {
             state.list(Some("garbage".into()), 10).await.unwrap(),
             Ok(vec![])
         );
+    }
+
+    #[tokio::test]
+    async fn a_name_or_email_over_the_host_limits_traps_and_stores_nothing() {
+        let store = Arc::new(UserStore::memory(10));
+        let mut state = request(&store);
+        let long = "x".repeat(MAX_NAME_BYTES + 1);
+        assert!(state.create(long, "a@x.io".into()).await.is_err());
+        let long_email = format!("{}@x.io", "x".repeat(MAX_EMAIL_BYTES));
+        assert!(state.create("A".into(), long_email).await.is_err());
+        assert_eq!(store.count().await, Some(0));
     }
 
     #[tokio::test]

@@ -111,6 +111,8 @@ pub struct Host {
     pub base_url: String,
     /// Every line the host has written to stdout so far.
     pub stdout: Arc<Mutex<Vec<String>>>,
+    /// The log file the host appends to (unless the test set `LOG_FILE` itself).
+    pub log_file: PathBuf,
 }
 
 impl Host {
@@ -207,6 +209,7 @@ impl Host {
             child,
             base_url: format!("http://{address}"),
             stdout,
+            log_file: log_dir.join("app.log"),
         }
     }
 

@@ -8,7 +8,6 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::OnceLock;
-use std::sync::atomic::{AtomicU64, Ordering};
 
 /// A PostgreSQL server the tests can create databases on.
 pub struct Server {
@@ -49,12 +48,8 @@ impl Server {
 
     /// A new, empty database on this server; its URL.
     pub fn create_database(&self) -> String {
-        static NEXT: AtomicU64 = AtomicU64::new(0);
-        let name = format!(
-            "test_{}_{}",
-            std::process::id(),
-            NEXT.fetch_add(1, Ordering::Relaxed)
-        );
+        // Unique across runs too: a `DATABASE_URL` server keeps the databases of earlier runs.
+        let name = format!("test_{}", uuid::Uuid::new_v4().simple());
         self.psql("postgres", &format!("CREATE DATABASE {name}"));
         format!("{}/{name}", self.base_url)
     }

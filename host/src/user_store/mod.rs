@@ -140,7 +140,7 @@ impl UserStore {
     pub async fn count(&self) -> Option<u64> {
         match self {
             UserStore::Memory(store) => Some(store.count()),
-            UserStore::Postgres(store) => store.count().await.ok(),
+            UserStore::Postgres(store) => store.count().await,
         }
     }
 

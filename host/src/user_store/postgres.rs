@@ -7,7 +7,7 @@
 
 use std::time::{Duration, Instant};
 
-use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
+use deadpool_postgres::{Manager, ManagerConfig, Object, Pool, RecyclingMethod, Runtime};
 use tokio_postgres::config::{Host, SslMode};
 use tokio_postgres::error::SqlState;
 use tokio_postgres::{NoTls, Row};
@@ -28,6 +28,16 @@ const SLOT_SHARDS: u64 = 16;
 
 /// How long start-up waits between two attempts to reach the database.
 const RETRY_PAUSE: Duration = Duration::from_millis(250);
+
+/// TCP keepalives on every connection, so one whose peer vanished (a partition, a failover) is
+/// found dead within about 25 s even while idle, instead of the system's two hours.
+const KEEPALIVE_IDLE: Duration = Duration::from_secs(10);
+const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(5);
+const KEEPALIVE_RETRIES: u32 = 3;
+
+/// How long `/metrics` may serve the last user count before asking the database again: a
+/// flood of scrapes costs at most one query per interval.
+const COUNT_REFRESH: Duration = Duration::from_secs(1);
 
 /// How to reach PostgreSQL. Its `Debug` never shows the password.
 #[derive(Debug, Clone)]
@@ -54,6 +64,18 @@ impl PostgresSettings {
                 "the PostgreSQL URL names no host".to_string(),
             ));
         }
+        // `user:p@ss@host` splits at the first `@`: part of the password would become the host,
+        // and be shown in messages and spans.
+        let tcp_host_has_at = config
+            .get_hosts()
+            .iter()
+            .any(|host| matches!(host, Host::Tcp(name) if name.contains('@')));
+        if tcp_host_has_at {
+            return Err(Error::StoreSetting(
+                "the URL holds an unescaped '@': percent-encode it in the password (%40)"
+                    .to_string(),
+            ));
+        }
         if config.get_ssl_mode() == SslMode::Require {
             return Err(Error::StoreSetting(
                 "sslmode=require asks for TLS, which this host does not speak to PostgreSQL; \
@@ -69,6 +91,10 @@ impl PostgresSettings {
 pub struct PostgresStore {
     pool: Pool,
     call_timeout: Duration,
+    /// The last user count and when it was read, for `/metrics`.
+    count_cache: std::sync::Mutex<Option<(Instant, u64)>>,
+    /// Held by the one `/metrics` scrape that refreshes the count.
+    count_refresh: tokio::sync::Mutex<()>,
     /// `postgres://host:port/database`, without user or password: for messages and spans.
     target: Target,
 }
@@ -83,15 +109,20 @@ struct Target {
 
 impl std::fmt::Display for Target {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let port = self.port.unwrap_or(5432);
-        write!(f, "postgres://{}:{port}/{}", self.host, self.database)
+        match self.port {
+            Some(port) => write!(f, "postgres://{}:{port}/{}", self.host, self.database),
+            None => write!(f, "postgres://{}/{}", self.host, self.database),
+        }
     }
 }
 
 impl Target {
     fn of(config: &tokio_postgres::Config) -> Target {
         let (host, port) = match config.get_hosts().first() {
-            Some(Host::Tcp(name)) => (name.clone(), config.get_ports().first().copied()),
+            Some(Host::Tcp(name)) => (
+                name.clone(),
+                Some(config.get_ports().first().copied().unwrap_or(5432)),
+            ),
             #[cfg(unix)]
             Some(Host::Unix(path)) => (path.display().to_string(), None),
             None => (String::new(), None),
@@ -103,7 +134,7 @@ impl Target {
             .to_string();
         Target {
             host,
-            port: port.or(Some(5432)),
+            port,
             database,
         }
     }
@@ -114,8 +145,24 @@ impl PostgresStore {
     /// `settings.connect_wait` while the database cannot be reached.
     pub async fn open(settings: PostgresSettings, capacity: u64) -> Result<PostgresStore, Error> {
         let target = Target::of(&settings.config);
+        let mut config = settings.config;
+        if config.get_connect_timeout().is_none() {
+            config.connect_timeout(settings.call_timeout);
+        }
+        config
+            .keepalives(true)
+            .keepalives_idle(KEEPALIVE_IDLE)
+            .keepalives_interval(KEEPALIVE_INTERVAL)
+            .keepalives_retries(KEEPALIVE_RETRIES);
+        // The server gives up on a statement (or a lock) the host has stopped waiting for.
+        let timeout_ms = settings.call_timeout.as_millis();
+        let options = format!(
+            "{} -c statement_timeout={timeout_ms} -c lock_timeout={timeout_ms}",
+            config.get_options().unwrap_or_default()
+        );
+        config.options(options.trim_start());
         let manager = Manager::from_config(
-            settings.config,
+            config,
             NoTls,
             ManagerConfig {
                 // A closed connection is replaced; a query on a broken one fails that one call.
@@ -133,18 +180,27 @@ impl PostgresStore {
         let store = PostgresStore {
             pool,
             call_timeout: settings.call_timeout,
+            count_cache: std::sync::Mutex::new(None),
+            count_refresh: tokio::sync::Mutex::new(()),
             target,
         };
         let started = Instant::now();
         loop {
-            let error = match store.start_up(capacity).await {
-                Ok(()) => return Ok(store),
-                Err(error) => error,
+            // An attempt may not outlast the wait (a replica holding the start-up lock forever).
+            let remaining = settings
+                .connect_wait
+                .saturating_sub(started.elapsed())
+                .max(RETRY_PAUSE);
+            let error = match tokio::time::timeout(remaining, store.start_up(capacity)).await {
+                Ok(Ok(())) => return Ok(store),
+                Ok(Err(error)) => error,
+                Err(_) => StartUpError::TimedOut(remaining),
             };
             // Wrong credentials or a missing database will not fix themselves: say so at once.
-            let hopeless = error.code().is_some_and(|code| {
-                code.code().starts_with("28") || *code == SqlState::INVALID_CATALOG_NAME
-            });
+            let hopeless = matches!(error, StartUpError::NewerSchema(_))
+                || error.code().is_some_and(|code| {
+                    code.code().starts_with("28") || *code == SqlState::INVALID_CATALOG_NAME
+                });
             let remaining = settings.connect_wait.saturating_sub(started.elapsed());
             if hopeless || remaining.is_zero() {
                 return Err(Error::StoreUnreachable {
@@ -179,6 +235,10 @@ impl PostgresStore {
             .iter()
             .map(|row| row.get(0))
             .collect();
+        let known = MIGRATIONS.iter().map(|&(version, _)| version).max();
+        if let Some(&newest) = applied.iter().max().filter(|&&newest| Some(newest) > known) {
+            return Err(StartUpError::NewerSchema(newest));
+        }
         for (version, sql) in MIGRATIONS {
             if !applied.contains(version) {
                 transaction.batch_execute(sql).await?;
@@ -230,8 +290,7 @@ impl PostgresStore {
         limit: u32,
     ) -> Result<Vec<User>, Unavailable> {
         let limit = i64::from(limit);
-        self.bounded(async {
-            let client = self.pool.get().await?;
+        self.call(async |client| {
             let rows = match after {
                 None => {
                     let statement = client
@@ -251,20 +310,19 @@ impl PostgresStore {
                     client.query(&statement, &[&after, &limit]).await?
                 }
             };
-            Ok(rows.iter().map(user_from_row).collect())
+            rows.iter().map(user_from_row).collect()
         })
         .await
     }
 
     /// See [`super::UserStore::get`].
     pub async fn get(&self, id: Uuid) -> Result<Option<User>, Unavailable> {
-        self.bounded(async {
-            let client = self.pool.get().await?;
+        self.call(async |client| {
             let statement = client
                 .prepare_cached("SELECT id, name, email FROM users WHERE id = $1")
                 .await?;
             let row = client.query_opt(&statement, &[&id]).await?;
-            Ok(row.as_ref().map(user_from_row))
+            row.as_ref().map(user_from_row).transpose()
         })
         .await
     }
@@ -274,8 +332,7 @@ impl PostgresStore {
     pub async fn create(&self, user: User) -> Result<User, CreateError> {
         let key = email_key(&user.email);
         let outcome = self
-            .bounded(async {
-                let client = self.pool.get().await?;
+            .call(async |client| {
                 let insert = client
                     .prepare_cached(
                         "WITH slot AS (
@@ -302,12 +359,16 @@ impl PostgresStore {
                         }
                         Err(error) => return Err(error.into()),
                     }
-                    // That shard is full: try one with room, if any is left.
+                    // That shard is full: try another with room, if any is left, picked at
+                    // random so that creations near the cap do not all queue on one row.
                     let with_room = client
-                        .prepare_cached("SELECT shard FROM user_slots WHERE used < quota LIMIT 1")
+                        .prepare_cached(
+                            "SELECT shard FROM user_slots WHERE used < quota \
+                             ORDER BY random() LIMIT 1",
+                        )
                         .await?;
                     match client.query_opt(&with_room, &[]).await? {
-                        Some(row) => shard = row.get(0),
+                        Some(row) => shard = row.try_get(0)?,
                         None => break,
                     }
                 }
@@ -315,7 +376,7 @@ impl PostgresStore {
                 let taken = client
                     .prepare_cached("SELECT EXISTS (SELECT 1 FROM users WHERE email_key = $1)")
                     .await?;
-                let duplicate: bool = client.query_one(&taken, &[&key]).await?.get(0);
+                let duplicate: bool = client.query_one(&taken, &[&key]).await?.try_get(0)?;
                 Ok(if duplicate {
                     Created::DuplicateEmail
                 } else {
@@ -331,33 +392,74 @@ impl PostgresStore {
         }
     }
 
-    /// The number of users, from the 16 rows of `user_slots` (no scan of `users`).
-    pub async fn count(&self) -> Result<u64, Unavailable> {
-        self.bounded(async {
-            let client = self.pool.get().await?;
-            let statement = client
-                .prepare_cached("SELECT sum(used)::bigint FROM user_slots")
-                .await?;
-            let count: Option<i64> = client.query_one(&statement, &[]).await?.get(0);
-            Ok(count.unwrap_or(0).try_into().unwrap_or(0))
-        })
-        .await
+    /// The number of users, from the 16 rows of `user_slots` (no scan of `users`), read at most
+    /// once per [`COUNT_REFRESH`] whatever the number of scrapes; `None` while it is unknown.
+    pub async fn count(&self) -> Option<u64> {
+        let cached = *self
+            .count_cache
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let fresh = cached.filter(|(read_at, _)| read_at.elapsed() < COUNT_REFRESH);
+        if let Some((_, count)) = fresh {
+            return Some(count);
+        }
+        // Another scrape is reading it: serve the last count rather than queue behind it.
+        let Ok(_refreshing) = self.count_refresh.try_lock() else {
+            return cached.map(|(_, count)| count);
+        };
+        let counted = self
+            .call(async |client| {
+                let statement = client
+                    .prepare_cached("SELECT sum(used)::bigint FROM user_slots")
+                    .await?;
+                let count: Option<i64> = client.query_one(&statement, &[]).await?.try_get(0)?;
+                Ok(count.unwrap_or(0).try_into().unwrap_or(0))
+            })
+            .await;
+        match counted {
+            Ok(count) => {
+                *self
+                    .count_cache
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner) =
+                    Some((Instant::now(), count));
+                Some(count)
+            }
+            Err(_) => cached.map(|(_, count)| count),
+        }
     }
 
-    /// Runs one store call within the call timeout; any failure is [`Unavailable`].
-    async fn bounded<T>(
+    /// Runs `work` on a pooled connection within the call timeout (the wait for a connection
+    /// included); any failure is [`Unavailable`]. A connection whose call timed out may still
+    /// have a query in flight: it is closed, never handed to the next caller.
+    async fn call<T>(
         &self,
-        call: impl Future<Output = Result<T, CallError>>,
+        work: impl AsyncFnOnce(&Object) -> Result<T, CallError>,
     ) -> Result<T, Unavailable> {
-        match tokio::time::timeout(self.call_timeout, call).await {
-            Ok(Ok(value)) => Ok(value),
-            Ok(Err(error)) => Err(Unavailable(format!("{}: {}", self.target, error.0))),
-            Err(_) => Err(Unavailable(format!(
+        let deadline = tokio::time::Instant::now() + self.call_timeout;
+        let timed_out = || {
+            Unavailable(format!(
                 "{}: no answer within {} ms",
                 self.target,
                 self.call_timeout.as_millis()
-            ))),
+            ))
+        };
+        let client = match tokio::time::timeout_at(deadline, self.pool.get()).await {
+            Ok(Ok(client)) => client,
+            Ok(Err(error)) => return Err(self.unavailable(error.into())),
+            Err(_) => return Err(timed_out()),
+        };
+        match tokio::time::timeout_at(deadline, work(&client)).await {
+            Ok(outcome) => outcome.map_err(|error| self.unavailable(error)),
+            Err(_) => {
+                drop(Object::take(client));
+                Err(timed_out())
+            }
         }
+    }
+
+    fn unavailable(&self, error: CallError) -> Unavailable {
+        Unavailable(format!("{}: {}", self.target, error.0))
     }
 }
 
@@ -383,10 +485,13 @@ impl From<deadpool_postgres::PoolError> for CallError {
     }
 }
 
-/// A failed start-up: a database error or no connection.
+/// A failed start-up: a database error, no connection, no answer, or a schema this host is too
+/// old for.
 enum StartUpError {
     Database(tokio_postgres::Error),
     Pool(deadpool_postgres::PoolError),
+    TimedOut(Duration),
+    NewerSchema(i32),
 }
 
 impl StartUpError {
@@ -394,7 +499,9 @@ impl StartUpError {
         match self {
             StartUpError::Database(error) => error.code(),
             StartUpError::Pool(deadpool_postgres::PoolError::Backend(error)) => error.code(),
-            StartUpError::Pool(_) => None,
+            StartUpError::Pool(_) | StartUpError::TimedOut(_) | StartUpError::NewerSchema(_) => {
+                None
+            }
         }
     }
 }
@@ -416,6 +523,13 @@ impl StartUpError {
         match self {
             StartUpError::Database(error) => one_line(error),
             StartUpError::Pool(error) => one_line(error),
+            StartUpError::TimedOut(waited) => {
+                format!("no answer within {} ms", waited.as_millis())
+            }
+            StartUpError::NewerSchema(version) => format!(
+                "the database's schema is at version {version}, newer than this host knows: \
+                 run a host at least as new as the one that migrated it"
+            ),
         }
     }
 }
@@ -442,12 +556,14 @@ fn is_duplicate_email(error: &tokio_postgres::Error) -> bool {
     })
 }
 
-fn user_from_row(row: &Row) -> User {
-    User {
-        id: row.get(0),
-        name: row.get(1),
-        email: row.get(2),
-    }
+/// A user from a row of `id, name, email`; a row that does not decode is a store failure, not a
+/// panic.
+fn user_from_row(row: &Row) -> Result<User, CallError> {
+    Ok(User {
+        id: row.try_get(0)?,
+        name: row.try_get(1)?,
+        email: row.try_get(2)?,
+    })
 }
 
 /// Each shard's new quota: what it holds plus an even share of the room left under `capacity`.
@@ -515,6 +631,25 @@ mod tests {
             "postgres://db.internal:6543/users"
         );
         assert!(!format!("{config:?}").contains("hunter2"));
+    }
+
+    #[test]
+    fn an_unescaped_at_in_the_password_is_refused_without_showing_it() {
+        let error = PostgresSettings::parse_url("postgres://app:p@ss@db/x")
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains("%40"), "{error}");
+        assert!(!error.contains("ss@db"), "{error}");
+        assert!(PostgresSettings::parse_url("postgres://app:p%40ss@db/x").is_ok());
+    }
+
+    #[test]
+    fn a_unix_socket_target_has_no_port() {
+        let config =
+            PostgresSettings::parse_url("postgres://app@%2Fvar%2Frun%2Fpostgresql/x").unwrap();
+        let target = Target::of(&config);
+        assert_eq!(target.port, None);
+        assert_eq!(target.to_string(), "postgres:///var/run/postgresql/x");
     }
 
     #[test]
