@@ -48,8 +48,10 @@ per_request = {
 mixed = read("health-under-compute")
 memory = read("memory")
 start = read("start")
-pgbench = read("pgbench-select")
-stores = [("memory", "memory"), ("postgres", "PostgreSQL")]
+pgbench = read("pgbench-select-simple")
+pgbench_prepared = read("pgbench-select-prepared")
+stores = [("memory", "memory"), ("postgres", "PostgreSQL"),
+          ("postgres-uncached", "PostgreSQL, --store-cache-mb 0 (every lookup a query)")]
 store_runs = {(kind, store): read(f"{kind}-user-{store}") for kind in ("get", "create") for store, _ in stores}
 store_rps = {key: rps(run) for key, run in store_runs.items()}
 
@@ -78,9 +80,15 @@ rows = [
      "<= 10", lambda v: v <= 10, "{:.1f}"),
     ("start to first 200, release, cache warm (s)",
      start["start_ms"] / 1000 if start else None, "<= 0.5", lambda v: v <= 0.5, "{:.3f}"),
-    ("GET /api/users/{id} on PostgreSQL / pgbench -S (prepared) on the same machine",
+    ("GET /api/users/{id} on PostgreSQL / pgbench -S on the same machine",
      ratio(store_rps[("get", "postgres")], pgbench["tps"] if pgbench else None), ">= 0.5",
      lambda v: v >= 0.5, "{:.2f}"),
+    ("reference: the same / pgbench -S -M prepared",
+     ratio(store_rps[("get", "postgres")], pgbench_prepared["tps"] if pgbench_prepared else None),
+     "", None, "{:.2f}"),
+    ("reference: GET /api/users/{id} on PostgreSQL, every lookup a query / pgbench -S",
+     ratio(store_rps[("get", "postgres-uncached")], pgbench["tps"] if pgbench else None), "",
+     None, "{:.2f}"),
     ("POST /api/users on PostgreSQL / GET /api/users/{id} on PostgreSQL",
      ratio(store_rps[("create", "postgres")], store_rps[("get", "postgres")]), ">= 0.3",
      lambda v: v >= 0.3, "{:.2f}"),
@@ -120,9 +128,10 @@ for store, label in stores:
         store_table.append(
             f"| {label} | {request} | {rps(run):,.0f} | {run['p50_us'] / 1000:.2f} | "
             f"{run['p99_us'] / 1000:.2f} | {run['non_2xx'] + run['socket_errors']} |")
-store_table.append(f"| PostgreSQL's own ceiling | pgbench -S -M prepared, 32 clients | "
-                   f"{pgbench['tps']:,.0f} transactions/s | | | |" if pgbench else
-                   "| PostgreSQL's own ceiling | pgbench -S | not run | | | |")
+for label, run in (("pgbench -S, 32 clients", pgbench),
+                   ("pgbench -S -M prepared, 32 clients", pgbench_prepared)):
+    store_table.append(f"| PostgreSQL's own ceiling | {label} | {run['tps']:,.0f} transactions/s | | | |"
+                       if run else f"| PostgreSQL's own ceiling | {label} | not run | | | |")
 
 per_request_lines = [f"- one instantiate + handle of `GET /api/health`, no sockets: "
                      f"{name} {ns / 1000:.1f} µs" for name, ns in per_request.items() if ns]
@@ -189,7 +198,9 @@ Machine: {machine}.
 
 Lookups cycle through 1,000 users stored first; every creation has an e-mail of its own. The
 PostgreSQL cluster runs on the same two cores with stock settings (fsync on), so a 201 is a
-durable commit.
+durable commit. A PostgreSQL host serves a user it has seen before from memory (users never
+change; `--store-cache-mb`, 16 MiB by default), so its lookups are mostly cache hits here; the
+uncached row asks the database for every lookup.
 
 {chr(10).join(store_table)}
 

@@ -32,6 +32,8 @@ pub const MEMORY_STORE: &str = "memory";
 pub const DEFAULT_STORE_POOL_SIZE: usize = 8;
 /// How long start-up waits for PostgreSQL to answer before it gives up.
 pub const DEFAULT_STORE_CONNECT_TIMEOUT_SECS: u64 = 10;
+/// Memory for users already found by id on PostgreSQL, in MiB.
+pub const DEFAULT_STORE_CACHE_MB: u64 = 16;
 /// The longest one store call may take; shorter when the request deadline is short.
 pub const MAX_STORE_CALL_TIMEOUT: Duration = Duration::from_secs(5);
 /// Where the JSON log lines are appended, relative to the working directory.
@@ -92,6 +94,12 @@ pub struct Config {
           value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=1000))]
     pub store_pool_size: usize,
 
+    /// MiB of memory for users already found on PostgreSQL, served again without a query (users
+    /// never change); 0 asks the database every time.
+    #[arg(long, env = "STORE_CACHE_MB", default_value_t = DEFAULT_STORE_CACHE_MB,
+          value_parser = clap::value_parser!(u64).range(0..=65536))]
+    pub store_cache_mb: u64,
+
     /// Seconds start-up keeps trying to reach PostgreSQL before it exits with an error.
     #[arg(long, env = "STORE_CONNECT_TIMEOUT_SECS", default_value_t = DEFAULT_STORE_CONNECT_TIMEOUT_SECS,
           value_parser = clap::value_parser!(u64).range(0..=3600))]
@@ -142,6 +150,7 @@ impl Config {
             pool_size: self.store_pool_size,
             call_timeout: self.store_call_timeout(),
             connect_wait: Duration::from_secs(self.store_connect_timeout_secs),
+            found_users_bytes: usize::try_from(self.store_cache_mb << 20).unwrap_or(usize::MAX),
         })))
     }
 

@@ -183,6 +183,7 @@ impl RequestState {
             server.address = address,
             server.port = port,
             error.type = Empty,
+            user_store.cache_hit = Empty,
         )
     }
 }

@@ -36,6 +36,7 @@ const CONFIG_VARS: &[&str] = &[
     "DATABASE_URL",
     "STORE_POOL_SIZE",
     "STORE_CONNECT_TIMEOUT_SECS",
+    "STORE_CACHE_MB",
     "MAX_USERS",
     "MAX_INSTANCES",
 ];

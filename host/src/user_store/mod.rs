@@ -5,6 +5,7 @@
 //! [`postgres`] (durable, shared by any number of hosts). Guests reach either through the `users`
 //! WIT interface ([`crate::users`]) and never know which one it is.
 
+pub mod found;
 pub mod memory;
 pub mod postgres;
 

@@ -13,6 +13,7 @@ use tokio_postgres::error::SqlState;
 use tokio_postgres::{NoTls, Row};
 use uuid::Uuid;
 
+use super::found::FoundUsers;
 use super::{CreateError, Unavailable, User, email_key};
 use crate::error::Error;
 
@@ -50,6 +51,8 @@ pub struct PostgresSettings {
     pub call_timeout: Duration,
     /// How long start-up keeps trying to reach the database before it gives up.
     pub connect_wait: Duration,
+    /// Bytes of users found by id kept in memory for later lookups (0: none).
+    pub found_users_bytes: usize,
 }
 
 impl PostgresSettings {
@@ -95,6 +98,8 @@ pub struct PostgresStore {
     count_cache: std::sync::Mutex<Option<(Instant, u64)>>,
     /// Held by the one `/metrics` scrape that refreshes the count.
     count_refresh: tokio::sync::Mutex<()>,
+    /// Users already seen, for lookups by id: they never change.
+    found: FoundUsers,
     /// `postgres://host:port/database`, without user or password: for messages and spans.
     target: Target,
 }
@@ -182,6 +187,7 @@ impl PostgresStore {
             call_timeout: settings.call_timeout,
             count_cache: std::sync::Mutex::new(None),
             count_refresh: tokio::sync::Mutex::new(()),
+            found: FoundUsers::new(settings.found_users_bytes),
             target,
         };
         let started = Instant::now();
@@ -316,15 +322,27 @@ impl PostgresStore {
     }
 
     /// See [`super::UserStore::get`].
+    /// A user this host has seen before is served from memory (users never change); any other
+    /// id, a miss included, asks the database, which another replica may have written since.
     pub async fn get(&self, id: Uuid) -> Result<Option<User>, Unavailable> {
-        self.call(async |client| {
-            let statement = client
-                .prepare_cached("SELECT id, name, email FROM users WHERE id = $1")
-                .await?;
-            let row = client.query_opt(&statement, &[&id]).await?;
-            row.as_ref().map(user_from_row).transpose()
-        })
-        .await
+        let cached = self.found.get(id);
+        tracing::Span::current().record("user_store.cache_hit", cached.is_some());
+        if cached.is_some() {
+            return Ok(cached);
+        }
+        let found = self
+            .call(async |client| {
+                let statement = client
+                    .prepare_cached("SELECT id, name, email FROM users WHERE id = $1")
+                    .await?;
+                let row = client.query_opt(&statement, &[&id]).await?;
+                row.as_ref().map(user_from_row).transpose()
+            })
+            .await?;
+        if let Some(user) = &found {
+            self.found.insert(user);
+        }
+        Ok(found)
     }
 
     /// Inserts `user` and takes one unit of a shard's quota in one statement: it commits both or
@@ -385,7 +403,10 @@ impl PostgresStore {
             })
             .await;
         match outcome {
-            Ok(Created::Stored) => Ok(user),
+            Ok(Created::Stored) => {
+                self.found.insert(&user);
+                Ok(user)
+            }
             Ok(Created::DuplicateEmail) => Err(CreateError::DuplicateEmail),
             Ok(Created::StoreFull) => Err(CreateError::StoreFull),
             Err(unavailable) => Err(CreateError::Unavailable(unavailable)),
