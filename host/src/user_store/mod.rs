@@ -53,7 +53,8 @@ pub enum CreateError {
     DuplicateEmail,
     /// The store holds as many users as allowed.
     StoreFull,
-    /// The store could not answer; nothing was stored.
+    /// The store could not answer. Nothing was stored, unless the database committed just as
+    /// the connection failed (the outcome of an interrupted commit cannot be known).
     Unavailable(Unavailable),
 }
 
