@@ -218,7 +218,7 @@ async fn an_outage_is_a_503_while_health_and_metrics_stay_200_and_the_host_recov
     // Clients hit every endpoint in a loop while the database goes away and comes back.
     let answers: Arc<Mutex<Vec<Answer>>> = Arc::default();
     let running = Arc::new(std::sync::atomic::AtomicBool::new(true));
-    let clients: Vec<_> = ["list", "get", "create", "health", "metrics"]
+    let clients: Vec<_> = ["list", "get", "get-known", "create", "health", "metrics"]
         .into_iter()
         .map(|endpoint| {
             let (base, id) = (host.base_url.clone(), id.clone());
@@ -229,7 +229,10 @@ async fn an_outage_is_a_503_while_health_and_metrics_stay_200_and_the_host_recov
                     i += 1;
                     let request = match endpoint {
                         "list" => client().get(format!("{base}/api/users")),
-                        "get" => client().get(format!("{base}/api/users/{id}")),
+                        // An id this host has not seen: every lookup asks the database.
+                        "get" => client().get(format!("{base}/api/users/{}", uuid::Uuid::new_v4())),
+                        // One it has: served from its memory, database or not.
+                        "get-known" => client().get(format!("{base}/api/users/{id}")),
                         "create" => client()
                             .post(format!("{base}/api/users"))
                             .json(&json!({"name": "U", "email": format!("u{i}@x.io")})),
@@ -282,9 +285,9 @@ async fn an_outage_is_a_503_while_health_and_metrics_stay_200_and_the_host_recov
     let mut saw_503 = HashSet::new();
     for (endpoint, status, body) in answers.iter() {
         match (*endpoint, status) {
-            ("health" | "metrics", 200) => {}
-            ("health" | "metrics", _) => panic!("{endpoint} answered {status}"),
-            (_, 200 | 201) => {}
+            ("health" | "metrics" | "get-known", 200) => {}
+            ("health" | "metrics" | "get-known", _) => panic!("{endpoint} answered {status}"),
+            ("get", 404) | ("list", 200) | ("create", 201) => {}
             (_, 503) => {
                 assert_eq!(body, &unavailable, "{endpoint}");
                 saw_503.insert(*endpoint);

@@ -496,7 +496,16 @@ struct CallError(String);
 
 impl From<tokio_postgres::Error> for CallError {
     fn from(error: tokio_postgres::Error) -> CallError {
-        CallError(one_line(&error))
+        // A server error's DETAIL may quote row values (user data): only its message and code.
+        match error.as_db_error() {
+            Some(db_error) => CallError(format!(
+                "{}: {} (SQLSTATE {})",
+                db_error.severity(),
+                db_error.message(),
+                db_error.code().code()
+            )),
+            None => CallError(one_line(&error)),
+        }
     }
 }
 
