@@ -268,3 +268,76 @@ async fn a_deeply_nested_body_is_a_400_not_a_stack_overflow() {
     }
     assert_still_serving(&host).await;
 }
+
+#[tokio::test]
+async fn ten_thousand_leaked_nested_spans_cost_a_quota_not_the_host() {
+    let mut host = hostile_host(&[]);
+    for _ in 0..3 {
+        assert_eq!(get(&host, "/nested-spans").await.0, 200);
+    }
+    assert!(host.is_running(), "the host survived the leaked spans");
+    assert_still_serving(&host).await;
+    let samples = support::prometheus::scrape(&host).await;
+    let dropped = support::prometheus::value(
+        &samples,
+        "guest_telemetry_dropped_total",
+        &[("signal", "span")],
+    );
+    assert_eq!(dropped, 3.0 * (10_000 - 128) as f64);
+    let warnings = host.log_lines_where(|line| {
+        line["message"]
+            .as_str()
+            .is_some_and(|message| message.contains("telemetry quota"))
+    });
+    assert_eq!(warnings.len(), 3, "one WARN line per request");
+    assert_eq!(warnings[0]["level"], "WARN");
+    assert_eq!(warnings[0]["dropped_spans"], 10_000 - 128);
+}
+
+#[tokio::test]
+async fn a_log_flood_writes_a_bounded_amount_and_cannot_forge_fields() {
+    let host = hostile_host(&[]);
+    let before = std::fs::metadata(&host.log_file).map_or(0, |meta| meta.len());
+    assert_eq!(get(&host, "/logs").await.0, 200);
+    // Flushed by the log writer's thread shortly after.
+    let line = host.wait_for_log(|line| line["message"] == "real message");
+    let grown = std::fs::metadata(&host.log_file).unwrap().len() - before;
+    assert!(grown < 1 << 20, "the log file grew by {grown} bytes");
+    assert_ne!(line["request_id"], "forged");
+    assert_ne!(line["trace_id"], "forged");
+    assert_ne!(line["span_id"], "forged");
+    assert_eq!(line["level"], "WARN");
+    assert_eq!(line["guest.request_id"], "forged");
+    assert_eq!(line["guest.message"], "forged");
+    let samples = support::prometheus::scrape(&host).await;
+    let dropped = support::prometheus::value(
+        &samples,
+        "guest_telemetry_dropped_total",
+        &[("signal", "log")],
+    );
+    assert!(dropped > 19_000.0, "{dropped}");
+}
+
+#[tokio::test]
+async fn an_attribute_flood_is_bounded_and_the_host_serves_on() {
+    let host = hostile_host(&[]);
+    let idle = host.resident_bytes();
+    for _ in 0..5 {
+        assert_eq!(get(&host, "/attributes").await.0, 200);
+    }
+    assert_still_serving(&host).await;
+    let samples = support::prometheus::scrape(&host).await;
+    let dropped = support::prometheus::value(
+        &samples,
+        "guest_telemetry_dropped_total",
+        &[("signal", "attribute")],
+    );
+    // 256 KiB of 4 KiB values per request: at most 63 of the 20,000 get through.
+    assert!(dropped >= 5.0 * 19_900.0, "{dropped}");
+    assert!(
+        host.resident_bytes() < idle + (64 << 20),
+        "resident memory grew from {} to {} MiB",
+        idle >> 20,
+        host.resident_bytes() >> 20
+    );
+}

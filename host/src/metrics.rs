@@ -52,6 +52,7 @@ pub struct Metrics {
     guest_reloads: IntCounterVec,
     store_operation: HistogramVec,
     store_errors: IntCounterVec,
+    guest_telemetry_dropped: IntCounterVec,
 }
 
 impl Metrics {
@@ -115,7 +116,16 @@ impl Metrics {
             &["operation"],
         )
         .expect("metric definition is valid");
-        let collectors: [Box<dyn prometheus::core::Collector>; 8] = [
+        let guest_telemetry_dropped = IntCounterVec::new(
+            Opts::new(
+                "guest_telemetry_dropped_total",
+                "Guest spans, attributes and log events dropped by the per-request quotas, by signal.",
+            ),
+            &["signal"],
+        )
+        .expect("metric definition is valid");
+        let collectors: [Box<dyn prometheus::core::Collector>; 9] = [
+            Box::new(guest_telemetry_dropped.clone()),
             Box::new(store_operation.clone()),
             Box::new(store_errors.clone()),
             Box::new(guest_reloads.clone()),
@@ -136,6 +146,9 @@ impl Metrics {
         for operation in STORE_OPERATIONS {
             store_errors.with_label_values(&[operation]);
         }
+        for signal in ["span", "attribute", "log"] {
+            guest_telemetry_dropped.with_label_values(&[signal]);
+        }
         #[cfg(target_os = "linux")]
         registry
             .register(Box::new(
@@ -152,6 +165,7 @@ impl Metrics {
             guest_reloads,
             store_operation,
             store_errors,
+            guest_telemetry_dropped,
         }
     }
 
@@ -205,6 +219,19 @@ impl Metrics {
             .observe(elapsed.as_secs_f64());
         if failed {
             self.store_errors.with_label_values(&[operation]).inc();
+        }
+    }
+
+    /// Counts what one request's guest telemetry quotas dropped.
+    pub fn observe_dropped_guest_telemetry(&self, dropped: crate::telemetry::Dropped) {
+        for (signal, count) in [
+            ("span", dropped.spans),
+            ("attribute", dropped.attributes),
+            ("log", dropped.log_events),
+        ] {
+            self.guest_telemetry_dropped
+                .with_label_values(&[signal])
+                .inc_by(count);
         }
     }
 

@@ -13,6 +13,7 @@ use wasmtime_wasi_http::p2::bindings::http::types::ErrorCode;
 use wasmtime_wasi_http::{WasiHttpCtx, WasiHttpCtxView, WasiHttpHooks, WasiHttpView};
 
 use crate::metrics::Metrics;
+use crate::telemetry::GuestTelemetry;
 use crate::user_store::UserStore;
 
 /// The data of one request's `wasmtime::Store`.
@@ -30,8 +31,8 @@ pub struct RequestState {
     pub(crate) request_span: tracing::Span,
     /// Store calls of this request that got a span (see `users::MAX_STORE_SPANS_PER_REQUEST`).
     pub(crate) store_spans: u32,
-    /// The guest's spans still open, innermost last, by resource handle.
-    pub(crate) open_spans: Vec<(u32, tracing::Span)>,
+    /// The guest's open spans and what is left of its telemetry quotas.
+    pub(crate) guest_telemetry: GuestTelemetry,
     /// The per-instance resource limits (linear memory), enforced by wasmtime.
     pub(crate) limits: wasmtime::StoreLimits,
     /// Whether the guest's spans and logs are recorded (not for the host's own health probes).
@@ -60,7 +61,7 @@ impl RequestState {
             metrics,
             request_span,
             store_spans: 0,
-            open_spans: Vec::new(),
+            guest_telemetry: GuestTelemetry::default(),
             telemetry_enabled: true,
             limits: wasmtime::StoreLimits::default(),
         }
@@ -69,10 +70,31 @@ impl RequestState {
     /// A state for a request the host sends itself (a health probe): no span, no log lines,
     /// no metrics.
     pub fn quiet(users: Arc<UserStore>) -> RequestState {
-        RequestState {
-            telemetry_enabled: false,
-            ..RequestState::new(users, None, tracing::Span::none())
+        let mut state = RequestState::new(users, None, tracing::Span::none());
+        state.telemetry_enabled = false;
+        state
+    }
+}
+
+impl Drop for RequestState {
+    /// The request is over: the guest's leaked spans end, and what its quotas dropped is counted
+    /// and said once.
+    fn drop(&mut self) {
+        let dropped = self.guest_telemetry.end_all();
+        if dropped == Default::default() {
+            return;
         }
+        if let Some(metrics) = &self.metrics {
+            metrics.observe_dropped_guest_telemetry(dropped);
+        }
+        self.request_span.in_scope(|| {
+            tracing::warn!(
+                dropped_spans = dropped.spans,
+                dropped_attributes = dropped.attributes,
+                dropped_log_events = dropped.log_events,
+                "the guest went over its telemetry quota; the rest was dropped"
+            );
+        });
     }
 }
 

@@ -11,18 +11,114 @@ use crate::request_state::RequestState;
 /// The `target` of every log event and span the guest reports.
 pub const GUEST_TARGET: &str = "guest";
 
-/// A span the guest opened; it ends when the guest drops its handle.
-pub struct GuestSpan {
-    // Held only so the span stays open until the guest drops it.
-    _span: tracing::Span,
+/// What one request's guest may report: beyond it, spans, attributes and log events are
+/// dropped, counted in `guest_telemetry_dropped_total`, and said once in a WARN line. A guest in a
+/// loop cannot grow host memory, the exporter's queue or the log file without bound.
+pub const MAX_SPANS_PER_REQUEST: u32 = 128;
+/// See [`MAX_SPANS_PER_REQUEST`]: attributes over all spans and log events.
+pub const MAX_ATTRIBUTES_PER_REQUEST: u32 = 1024;
+/// See [`MAX_SPANS_PER_REQUEST`].
+pub const MAX_LOG_EVENTS_PER_REQUEST: u32 = 256;
+/// See [`MAX_SPANS_PER_REQUEST`]: bytes of names, keys, values and messages together.
+pub const MAX_BYTES_PER_REQUEST: usize = 256 * 1024;
+/// Log fields the guest's attributes may not replace; a guest attribute of one of these names is
+/// written as `guest.<name>`.
+pub const RESERVED_LOG_KEYS: &[&str] = &[
+    "timestamp",
+    "level",
+    "message",
+    "target",
+    "request_id",
+    "trace_id",
+    "span_id",
+];
+
+/// A span the guest opened; it ends when the guest drops its handle. The host keeps the span
+/// itself (in [`GuestTelemetry`]), so the resource table never holds one.
+pub struct GuestSpan;
+
+/// One request's guest telemetry: its open spans and what is left of its quotas.
+#[derive(Default)]
+pub struct GuestTelemetry {
+    /// Open spans, innermost last.
+    open: Vec<OpenSpan>,
+    spans: u32,
+    attributes: u32,
+    log_events: u32,
+    bytes: usize,
+    dropped: Dropped,
+}
+
+/// What went over a quota in one request.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Dropped {
+    /// Spans not opened.
+    pub spans: u64,
+    /// Attributes not recorded.
+    pub attributes: u64,
+    /// Log events not written.
+    pub log_events: u64,
+}
+
+struct OpenSpan {
+    rep: u32,
+    span: tracing::Span,
+    /// Set when the span ends, so a later value replaces an earlier one of the same key.
+    attributes: Vec<(String, Value)>,
+}
+
+impl OpenSpan {
+    /// Ends the span with its attributes.
+    fn end(self) {
+        for (key, value) in self.attributes {
+            set_attribute(&self.span, Attribute { key, value });
+        }
+    }
+}
+
+impl GuestTelemetry {
+    /// Takes `bytes` from the byte quota, if that much is left.
+    fn take_bytes(&mut self, bytes: usize) -> bool {
+        let fits = self.bytes + bytes <= MAX_BYTES_PER_REQUEST;
+        if fits {
+            self.bytes += bytes;
+        }
+        fits
+    }
+
+    /// The attributes the quotas let through; the rest are counted as dropped.
+    fn admit(&mut self, attributes: Vec<Attribute>) -> Vec<Attribute> {
+        let mut admitted = Vec::new();
+        for attribute in attributes {
+            let size = attribute.key.len() + value_bytes(&attribute.value);
+            if self.attributes < MAX_ATTRIBUTES_PER_REQUEST && self.take_bytes(size) {
+                self.attributes += 1;
+                admitted.push(attribute);
+            } else {
+                self.dropped.attributes += 1;
+            }
+        }
+        admitted
+    }
+
+    /// Ends every span still open, innermost first: each end then closes one span, where the
+    /// other order would close the whole chain at once, recursively (10,000 nested spans
+    /// overflowed the stack that way).
+    pub fn end_all(&mut self) -> Dropped {
+        while let Some(open) = self.open.pop() {
+            open.end();
+        }
+        std::mem::take(&mut self.dropped)
+    }
 }
 
 impl RequestState {
     /// The innermost span of this request that is still open.
     pub(crate) fn innermost_span(&self) -> &tracing::Span {
-        self.open_spans
+        self.guest_telemetry
+            .open
             .last()
-            .map_or(&self.request_span, |(_, span)| span)
+            .map_or(&self.request_span, |open| &open.span)
     }
 }
 
@@ -32,23 +128,33 @@ impl HostSpan for RequestState {
         name: String,
         attributes: Vec<Attribute>,
     ) -> wasmtime::Result<Resource<GuestSpan>> {
-        let span = if self.telemetry_enabled {
-            tracing::info_span!(
-                target: GUEST_TARGET,
-                parent: self.innermost_span(),
-                "guest span",
-                otel.name = name,
-            )
-        } else {
-            tracing::Span::none()
-        };
-        for attribute in attributes {
-            set_attribute(&span, attribute);
+        let handle = self.table.push(GuestSpan)?;
+        if !self.telemetry_enabled {
+            return Ok(handle);
         }
-        let handle = self.table.push(GuestSpan {
-            _span: span.clone(),
-        })?;
-        self.open_spans.push((handle.rep(), span));
+        let telemetry = &mut self.guest_telemetry;
+        if telemetry.spans >= MAX_SPANS_PER_REQUEST || !telemetry.take_bytes(name.len()) {
+            telemetry.dropped.spans += 1;
+            telemetry.dropped.attributes += attributes.len() as u64;
+            return Ok(handle);
+        }
+        telemetry.spans += 1;
+        let admitted = telemetry.admit(attributes);
+        let span = tracing::info_span!(
+            target: GUEST_TARGET,
+            parent: self.innermost_span(),
+            "guest span",
+            otel.name = name,
+        );
+        let mut open = OpenSpan {
+            rep: handle.rep(),
+            span,
+            attributes: Vec::new(),
+        };
+        for attribute in admitted {
+            replace_attribute(&mut open.attributes, attribute);
+        }
+        self.guest_telemetry.open.push(open);
         Ok(handle)
     }
 
@@ -57,14 +163,27 @@ impl HostSpan for RequestState {
         handle: Resource<GuestSpan>,
         attribute: Attribute,
     ) -> wasmtime::Result<()> {
-        if let Some((_, span)) = self.open_spans.iter().find(|(rep, _)| *rep == handle.rep()) {
-            set_attribute(span, attribute);
+        let telemetry = &mut self.guest_telemetry;
+        if !telemetry.open.iter().any(|open| open.rep == handle.rep()) {
+            // A span over the quota (or with telemetry off): nothing to set.
+            return Ok(());
+        }
+        if let Some(attribute) = telemetry.admit(vec![attribute]).pop()
+            && let Some(open) = telemetry
+                .open
+                .iter_mut()
+                .find(|open| open.rep == handle.rep())
+        {
+            replace_attribute(&mut open.attributes, attribute);
         }
         Ok(())
     }
 
     fn drop(&mut self, handle: Resource<GuestSpan>) -> wasmtime::Result<()> {
-        self.open_spans.retain(|(rep, _)| *rep != handle.rep());
+        let open = &mut self.guest_telemetry.open;
+        if let Some(position) = open.iter().position(|open| open.rep == handle.rep()) {
+            open.remove(position).end();
+        }
         self.table.delete(handle)?;
         Ok(())
     }
@@ -80,8 +199,24 @@ impl Host for RequestState {
         if !self.telemetry_enabled {
             return Ok(());
         }
-        let fields =
-            crate::logs::guest_fields(attributes.into_iter().map(|a| (a.key, json_value(a.value))));
+        let telemetry = &mut self.guest_telemetry;
+        if telemetry.log_events >= MAX_LOG_EVENTS_PER_REQUEST
+            || !telemetry.take_bytes(message.len())
+        {
+            telemetry.dropped.log_events += 1;
+            telemetry.dropped.attributes += attributes.len() as u64;
+            return Ok(());
+        }
+        telemetry.log_events += 1;
+        let admitted = telemetry.admit(attributes);
+        let fields = crate::logs::guest_fields(admitted.into_iter().map(|attribute| {
+            let key = if RESERVED_LOG_KEYS.contains(&attribute.key.as_str()) {
+                format!("guest.{}", attribute.key)
+            } else {
+                attribute.key
+            };
+            (key, json_value(attribute.value))
+        }));
         let _inside = self.innermost_span().enter();
         match level {
             Level::Trace => {
@@ -104,6 +239,22 @@ impl Host for RequestState {
     }
 }
 
+/// Sets `attribute` in `attributes`, replacing one with the same key, as the WIT promises.
+fn replace_attribute(attributes: &mut Vec<(String, Value)>, Attribute { key, value }: Attribute) {
+    match attributes.iter_mut().find(|(existing, _)| *existing == key) {
+        Some((_, existing)) => *existing = value,
+        None => attributes.push((key, value)),
+    }
+}
+
+/// The bytes a value counts against the quota.
+fn value_bytes(value: &Value) -> usize {
+    match value {
+        Value::Text(text) => text.len(),
+        Value::Integer(_) | Value::Float(_) | Value::Boolean(_) => 8,
+    }
+}
+
 fn set_attribute(span: &tracing::Span, Attribute { key, value }: Attribute) {
     let value = match value {
         Value::Text(text) => OtelValue::from(text),
@@ -121,5 +272,46 @@ fn json_value(value: Value) -> serde_json::Value {
         Value::Integer(number) => number.into(),
         Value::Float(number) => number.into(),
         Value::Boolean(flag) => flag.into(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn text(key: &str, value: &str) -> Attribute {
+        Attribute {
+            key: key.to_string(),
+            value: Value::Text(value.to_string()),
+        }
+    }
+
+    #[test]
+    fn a_later_attribute_replaces_an_earlier_one_with_the_same_key() {
+        let mut attributes = Vec::new();
+        replace_attribute(&mut attributes, text("a", "1"));
+        replace_attribute(&mut attributes, text("b", "2"));
+        replace_attribute(&mut attributes, text("a", "3"));
+        assert_eq!(attributes.len(), 2);
+        assert!(matches!(&attributes[0], (key, Value::Text(value)) if key == "a" && value == "3"));
+    }
+
+    #[test]
+    fn attributes_past_the_count_or_byte_quota_are_dropped_and_counted() {
+        let mut telemetry = GuestTelemetry::default();
+        let many = (0..MAX_ATTRIBUTES_PER_REQUEST + 10)
+            .map(|i| text(&format!("k{i}"), "v"))
+            .collect();
+        assert_eq!(
+            telemetry.admit(many).len(),
+            MAX_ATTRIBUTES_PER_REQUEST as usize
+        );
+        assert_eq!(telemetry.end_all().attributes, 10);
+
+        let mut telemetry = GuestTelemetry::default();
+        let large = "x".repeat(MAX_BYTES_PER_REQUEST / 2);
+        let admitted = telemetry.admit(vec![text("a", &large), text("b", &large), text("c", "y")]);
+        assert_eq!(admitted.len(), 2, "the second large value does not fit");
+        assert_eq!(telemetry.end_all().attributes, 1);
     }
 }
