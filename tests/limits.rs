@@ -341,3 +341,61 @@ async fn an_attribute_flood_is_bounded_and_the_host_serves_on() {
         host.resident_bytes() >> 20
     );
 }
+
+#[tokio::test]
+async fn a_host_header_that_is_not_an_authority_is_a_400_not_a_server_fault() {
+    let host = Host::start();
+    for request in [
+        &b"GET /api/health HTTP/1.1\r\nHost: \xff\r\nConnection: close\r\n\r\n"[..],
+        b"GET /api/health HTTP/1.1\r\nHost: a b\r\nConnection: close\r\n\r\n",
+        b"GET /api/health HTTP/1.1\r\nHost: a\r\nHost: b\r\nConnection: close\r\n\r\n",
+    ] {
+        let answer = raw_request(host.authority(), request).await;
+        assert!(answer.starts_with("HTTP/1.1 400"), "{answer}");
+        assert!(
+            answer.ends_with(r#"{"error":"Invalid Host header"}"#),
+            "{answer}"
+        );
+    }
+    let empty_host = b"GET /api/health HTTP/1.1\r\nHost:\r\nConnection: close\r\n\r\n";
+    let answer = raw_request(host.authority(), empty_host).await;
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    assert!(
+        host.log_lines_where(|line| line["level"] == "ERROR")
+            .is_empty(),
+        "a client's mistake is not a server fault"
+    );
+}
+
+#[tokio::test]
+async fn unknown_and_huge_methods_are_recorded_as_other_and_cut_short() {
+    let host = Host::start();
+    let huge = "X".repeat(5_000);
+    for method in ["BREW", huge.as_str()] {
+        let request =
+            format!("{method} /api/health HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n");
+        let answer = raw_request(host.authority(), request.as_bytes()).await;
+        assert!(
+            answer.starts_with("HTTP/1.1 405"),
+            "{}",
+            &answer[..answer.len().min(100)]
+        );
+    }
+    // Log lines reach stdout from the writer's thread, a moment after the answer.
+    host.wait_for_log(|line| {
+        line["message"] == "request refused" && line["http.request.method_original"] != "BREW"
+    });
+    let refused = host.log_lines_where(|line| line["message"] == "request refused");
+    assert_eq!(refused.len(), 2, "{refused:?}");
+    for line in &refused {
+        assert_eq!(line["http.request.method"], "_OTHER");
+        let original = line["http.request.method_original"].as_str().unwrap();
+        assert!(original.len() <= 32, "{original}");
+    }
+    assert_eq!(refused[0]["http.request.method_original"], "BREW");
+    // A standard method is itself, and has no original.
+    get(&host, "/api/health").await;
+    let health = host.wait_for_log(|line| line["message"] == "health check");
+    assert_eq!(health["http.request.method"], "GET");
+    assert!(health.get("http.request.method_original").is_none());
+}

@@ -32,6 +32,22 @@ pub const DEFAULT_AGENT_HOST: &str = "localhost";
 pub const DEFAULT_AGENT_PORT: &str = "6831";
 /// Longest `url.path` recorded on a span: a span must fit in one UDP packet to the agent.
 const MAX_RECORDED_PATH: usize = 1024;
+/// The longest non-standard method recorded as `http.request.method_original`.
+const MAX_RECORDED_METHOD: usize = 32;
+/// The methods OpenTelemetry's HTTP conventions know; any other is recorded as [`OTHER_METHOD`].
+const KNOWN_METHODS: &[Method] = &[
+    Method::GET,
+    Method::HEAD,
+    Method::POST,
+    Method::PUT,
+    Method::DELETE,
+    Method::CONNECT,
+    Method::OPTIONS,
+    Method::TRACE,
+    Method::PATCH,
+];
+/// `http.request.method` of a request whose method is not a standard one.
+pub const OTHER_METHOD: &str = "_OTHER";
 /// Spans per export unless `OTEL_BSP_MAX_EXPORT_BATCH_SIZE` says otherwise. A request span is
 /// about 350 bytes in Thrift, so 128 of them fit one 65,000-byte UDP packet; the SDK's default
 /// of 512 does not, and the exporter then halves the batch and encodes each half again (and
@@ -167,12 +183,22 @@ pub fn request_span(
     headers: &HeaderMap,
 ) -> tracing::Span {
     let path = truncate(path, MAX_RECORDED_PATH);
+    // Clients choose the method: only the standard ones become span names or attribute values,
+    // so the set of names stays bounded and a 5,000-byte method is not logged whole.
+    let (method_name, method_original) = match KNOWN_METHODS.iter().find(|known| *known == method) {
+        Some(known) => (known.as_str(), None),
+        None => (
+            OTHER_METHOD,
+            Some(truncate(method.as_str(), MAX_RECORDED_METHOD)),
+        ),
+    };
     let span = tracing::info_span!(
         "request",
-        otel.name = format!("HTTP {method} {route}"),
+        otel.name = format!("HTTP {method_name} {route}"),
         otel.kind = "server",
         otel.status_code = Empty,
-        http.request.method = %method,
+        http.request.method = method_name,
+        http.request.method_original = method_original,
         http.route = route,
         url.path = path,
         http.response.status_code = Empty,

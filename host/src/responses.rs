@@ -16,6 +16,8 @@ pub const TIMED_OUT: &str = "Request timed out";
 pub const BUSY: &str = "Server busy, try again";
 /// Message of the 400 answered when the client's body cannot be read off the connection.
 pub const UNREADABLE_BODY: &str = "Could not read the request body";
+/// Message of the 400 answered for a `Host` header that is not a valid authority.
+pub const BAD_HOST: &str = "Invalid Host header";
 /// Message of the 413 answered for a body over the limit.
 pub const BODY_TOO_LARGE: &str = "Request body too large";
 

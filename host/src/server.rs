@@ -110,6 +110,9 @@ impl App {
         request_id: &HeaderValue,
         span: &tracing::Span,
     ) -> Response<ResponseBody> {
+        if !has_valid_host(request.headers()) {
+            return responses::error(StatusCode::BAD_REQUEST, responses::BAD_HOST);
+        }
         if let Some(route) = route.filter(|route| route.template == routes::METRICS_PATH) {
             return self.metrics_page(request.method(), route).await;
         }
@@ -127,7 +130,11 @@ impl App {
             }
         };
         parts.headers.insert(REQUEST_ID, request_id.clone());
-        if !parts.headers.contains_key(header::HOST) && parts.uri.authority().is_none() {
+        let no_host = parts
+            .headers
+            .get(header::HOST)
+            .is_none_or(HeaderValue::is_empty);
+        if no_host && parts.uri.authority().is_none() {
             // HTTP/1.0 clients may omit `Host`; wasi:http needs an authority.
             parts
                 .headers
@@ -213,6 +220,20 @@ fn request_id(headers: &HeaderMap) -> HeaderValue {
         })
 }
 
+/// Whether the request has at most one `Host` header, and that one (if any) is a valid
+/// authority: a client error otherwise, never handed to the guest (wasi:http would refuse it).
+fn has_valid_host(headers: &HeaderMap) -> bool {
+    let mut hosts = headers.get_all(header::HOST).iter();
+    match (hosts.next(), hosts.next()) {
+        (None, _) => true,
+        // Empty is allowed: the form a client sends for a target without an authority.
+        (Some(host), None) => {
+            host.is_empty() || http::uri::Authority::try_from(host.as_bytes()).is_ok()
+        }
+        (Some(_), Some(_)) => false,
+    }
+}
+
 enum BodyError {
     TooLarge,
     Unreadable,
@@ -286,6 +307,24 @@ mod tests {
         let mut headers = HeaderMap::new();
         headers.insert(REQUEST_ID, HeaderValue::from_bytes(id).unwrap());
         headers
+    }
+
+    #[test]
+    fn a_host_header_must_be_one_valid_authority() {
+        let with_hosts = |hosts: &[&[u8]]| {
+            let mut headers = HeaderMap::new();
+            for host in hosts {
+                headers.append(header::HOST, HeaderValue::from_bytes(host).unwrap());
+            }
+            headers
+        };
+        assert!(has_valid_host(&with_hosts(&[])));
+        assert!(has_valid_host(&with_hosts(&[b""])));
+        assert!(has_valid_host(&with_hosts(&[b"localhost:8080"])));
+        assert!(has_valid_host(&with_hosts(&[b"[::1]:80"])));
+        assert!(!has_valid_host(&with_hosts(&[b"\xff"])));
+        assert!(!has_valid_host(&with_hosts(&[b"a b"])));
+        assert!(!has_valid_host(&with_hosts(&[b"a", b"b"])));
     }
 
     #[test]
