@@ -399,3 +399,63 @@ async fn unknown_and_huge_methods_are_recorded_as_other_and_cut_short() {
     assert_eq!(health["http.request.method"], "GET");
     assert!(health.get("http.request.method_original").is_none());
 }
+
+#[tokio::test]
+async fn half_sent_bodies_get_408_at_the_body_deadline_and_lose_their_connection() {
+    let host = hostile_host(&[("BODY_TIMEOUT_MS", "500")]);
+    let started = Instant::now();
+    let half_sent = b"POST /api/compute HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n\
+                      Content-Length: 1048576\r\n\r\n{\"n\": 1, ";
+    let answers: Vec<_> = (0..100)
+        .map(|_| {
+            let authority = host.authority().to_string();
+            tokio::spawn(async move { raw_request(&authority, half_sent).await })
+        })
+        .collect();
+    for answer in answers {
+        let answer = answer.await.unwrap();
+        assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+        assert!(answer.ends_with(r#"{"error":"Request body not received in time"}"#));
+    }
+    // raw_request returns when the host closes the connection.
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        started.elapsed()
+    );
+    assert_still_serving(&host).await;
+}
+
+#[tokio::test]
+async fn connections_over_the_cap_get_503_and_the_host_serves_again_once_they_go() {
+    let host = hostile_host(&[("MAX_CONNECTIONS", "8")]);
+    let mut idle = Vec::new();
+    for _ in 0..8 {
+        idle.push(
+            tokio::net::TcpStream::connect(host.authority())
+                .await
+                .unwrap(),
+        );
+    }
+    // Give the accept loop the time to take all eight.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let answer = raw_request(
+        host.authority(),
+        b"GET /api/health HTTP/1.1\r\nHost: t\r\n\r\n",
+    )
+    .await;
+    assert!(answer.starts_with("HTTP/1.1 503"), "{answer}");
+    assert!(
+        answer.ends_with(r#"{"error":"Server busy, try again"}"#),
+        "{answer}"
+    );
+    drop(idle);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while get(&host, "/api/health").await.0 != 200 {
+        assert!(
+            Instant::now() < deadline,
+            "the host did not take connections again"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}

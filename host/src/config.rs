@@ -25,6 +25,11 @@ pub const DEFAULT_GUEST_MEMORY_MB: u64 = 128;
 pub const DEFAULT_MAX_INSTANCES: u32 = 64;
 /// How many users the store holds before creation answers 503.
 pub const DEFAULT_MAX_USERS: u64 = 1_000_000;
+/// How long a request's body may take to arrive, in milliseconds.
+pub const DEFAULT_BODY_TIMEOUT_MS: u64 = 10_000;
+/// Connections served at once; more are answered 503. Below the usual limit of 1,024 open files,
+/// which the store's connections and the log files share.
+pub const DEFAULT_MAX_CONNECTIONS: usize = 768;
 /// Where users are kept unless told otherwise: this process's memory.
 pub const MEMORY_STORE: &str = "memory";
 /// PostgreSQL connections each host keeps at most: about four per core of a two-core machine,
@@ -67,6 +72,17 @@ pub struct Config {
     /// Largest accepted request body, in bytes; larger ones get 413.
     #[arg(long, env = "MAX_BODY_BYTES", default_value_t = DEFAULT_MAX_BODY_BYTES)]
     pub max_body_bytes: usize,
+
+    /// How long a request's body may take to arrive once its head has, in milliseconds; a
+    /// slower body gets 408.
+    #[arg(long, env = "BODY_TIMEOUT_MS", default_value_t = DEFAULT_BODY_TIMEOUT_MS,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub body_timeout_ms: u64,
+
+    /// Connections served at once; a connection beyond them is answered 503 and closed.
+    #[arg(long, env = "MAX_CONNECTIONS", default_value_t = DEFAULT_MAX_CONNECTIONS,
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=1_000_000))]
+    pub max_connections: usize,
 
     /// Linear memory cap per guest instance, in MiB.
     #[arg(long, env = "GUEST_MEMORY_MB", default_value_t = DEFAULT_GUEST_MEMORY_MB,
@@ -159,6 +175,15 @@ impl Config {
     pub fn store_call_timeout(&self) -> Duration {
         (Duration::from_millis(self.request_timeout_ms) / 2)
             .clamp(Duration::from_millis(1), MAX_STORE_CALL_TIMEOUT)
+    }
+
+    /// What one client may use of the host.
+    pub fn client_limits(&self) -> crate::server::ClientLimits {
+        crate::server::ClientLimits {
+            max_body_bytes: self.max_body_bytes,
+            body_timeout: Duration::from_millis(self.body_timeout_ms),
+            max_connections: self.max_connections,
+        }
     }
 
     /// The socket address to listen on.

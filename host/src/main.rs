@@ -77,7 +77,7 @@ async fn run(config: Config) -> anyhow::Result<()> {
     let app = Arc::new(App::new(
         ServingGuest { guest, version },
         users,
-        config.max_body_bytes,
+        config.client_limits(),
     ));
 
     let reloader = Arc::new(Reloader::new(

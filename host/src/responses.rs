@@ -18,6 +18,8 @@ pub const BUSY: &str = "Server busy, try again";
 pub const UNREADABLE_BODY: &str = "Could not read the request body";
 /// Message of the 400 answered for a `Host` header that is not a valid authority.
 pub const BAD_HOST: &str = "Invalid Host header";
+/// Message of the 408 answered when a request's body does not arrive in time.
+pub const BODY_TOO_SLOW: &str = "Request body not received in time";
 /// Message of the 413 answered for a body over the limit.
 pub const BODY_TOO_LARGE: &str = "Request body too large";
 
@@ -39,6 +41,18 @@ pub fn full(
 pub fn error(status: StatusCode, message: &str) -> Response<ResponseBody> {
     let body = serde_json::json!({ "error": message }).to_string();
     full(status, "application/json", body)
+}
+
+/// The whole HTTP/1.1 answer to a connection over the cap, written before any request is read:
+/// 503 with the busy message, and the connection closed.
+pub fn over_connection_cap() -> Vec<u8> {
+    let body = serde_json::json!({ "error": BUSY }).to_string();
+    format!(
+        "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n\
+         content-length: {}\r\nconnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .into_bytes()
 }
 
 /// A 405 with the `Allow` header listing `allowed`.

@@ -18,6 +18,7 @@ use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
 use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
 use tracing::Instrument;
 
 use crate::error::Error;
@@ -48,17 +49,31 @@ pub struct App {
     guest: RwLock<Arc<ServingGuest>>,
     users: Arc<UserStore>,
     metrics: Arc<Metrics>,
-    max_body_bytes: usize,
+    limits: ClientLimits,
+    /// One permit per connection the host serves at once.
+    connections: Arc<Semaphore>,
+}
+
+/// What one client may use of the host.
+#[derive(Debug, Clone, Copy)]
+pub struct ClientLimits {
+    /// The largest request body; larger ones get 413.
+    pub max_body_bytes: usize,
+    /// How long a request's body may take to arrive once its head has; slower ones get 408.
+    pub body_timeout: Duration,
+    /// Connections served at once; a connection beyond them is answered 503 and closed.
+    pub max_connections: usize,
 }
 
 impl App {
-    /// The service around `guest`, with `users` as its store and bodies capped at `max_body_bytes`.
-    pub fn new(guest: ServingGuest, users: Arc<UserStore>, max_body_bytes: usize) -> App {
+    /// The service around `guest`, with `users` as its store, within `limits`.
+    pub fn new(guest: ServingGuest, users: Arc<UserStore>, limits: ClientLimits) -> App {
         App {
             guest: RwLock::new(Arc::new(guest)),
             users,
             metrics: Arc::new(Metrics::new()),
-            max_body_bytes,
+            connections: Arc::new(Semaphore::new(limits.max_connections)),
+            limits,
         }
     }
 
@@ -118,8 +133,15 @@ impl App {
         }
         let reaches_endpoint = route.is_some_and(|route| route.allows(request.method()));
         let (mut parts, body) = request.into_parts();
-        let body = match read_body(body, &parts.headers, self.max_body_bytes).await {
+        let reading = read_body(body, &parts.headers, self.limits.max_body_bytes);
+        let read = tokio::time::timeout(self.limits.body_timeout, reading)
+            .await
+            .unwrap_or(Err(BodyError::TooSlow));
+        let body = match read {
             Ok(body) => body,
+            Err(BodyError::TooSlow) => {
+                return responses::error(StatusCode::REQUEST_TIMEOUT, responses::BODY_TOO_SLOW);
+            }
             Err(BodyError::TooLarge) if reaches_endpoint => {
                 return responses::error(StatusCode::PAYLOAD_TOO_LARGE, responses::BODY_TOO_LARGE);
             }
@@ -237,6 +259,7 @@ fn has_valid_host(headers: &HeaderMap) -> bool {
 enum BodyError {
     TooLarge,
     Unreadable,
+    TooSlow,
 }
 
 /// The whole body, refused as soon as it is known to exceed `limit`: from `Content-Length`
@@ -261,7 +284,7 @@ pub async fn serve(listener: TcpListener, app: Arc<App>, shutdown: impl Future<O
     let connections = GracefulShutdown::new();
     tokio::pin!(shutdown);
     loop {
-        let stream = tokio::select! {
+        let mut stream = tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok((stream, _peer)) => stream,
                 Err(error) => {
@@ -274,6 +297,15 @@ pub async fn serve(listener: TcpListener, app: Arc<App>, shutdown: impl Future<O
             () = &mut shutdown => break,
         };
         let _ = stream.set_nodelay(true);
+        let Ok(connection_permit) = Arc::clone(&app.connections).try_acquire_owned() else {
+            // Over the cap: say so and close, rather than queue a client with no answer.
+            tokio::spawn(async move {
+                use tokio::io::AsyncWriteExt;
+                let answer = responses::over_connection_cap();
+                let _ = tokio::time::timeout(HEADER_READ_TIMEOUT, stream.write_all(&answer)).await;
+            });
+            continue;
+        };
         let app = Arc::clone(&app);
         let service = service_fn(move |request| {
             let app = Arc::clone(&app);
@@ -288,6 +320,7 @@ pub async fn serve(listener: TcpListener, app: Arc<App>, shutdown: impl Future<O
         tokio::spawn(async move {
             // A client that vanishes or speaks garbage ends its own connection, nothing more.
             let _ = connection.await;
+            drop(connection_permit);
         });
     }
     drop(listener);

@@ -37,6 +37,8 @@ const CONFIG_VARS: &[&str] = &[
     "STORE_POOL_SIZE",
     "STORE_CONNECT_TIMEOUT_SECS",
     "STORE_CACHE_MB",
+    "BODY_TIMEOUT_MS",
+    "MAX_CONNECTIONS",
     "MAX_USERS",
     "MAX_INSTANCES",
 ];
