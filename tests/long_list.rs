@@ -152,6 +152,36 @@ async fn a_list_cut_by_the_deadline_never_looks_complete(store: Store) {
     );
 }
 
+#[tokio::test]
+async fn sigterm_with_a_slow_reader_exits_within_the_grace_and_flushes_its_logs() {
+    use tokio::io::AsyncWriteExt;
+    let mut host = Host::start_on(&Store::Memory);
+    create_many(&host, 20_000, 64, &"n".repeat(200)).await;
+    // A client that asks for the whole list and reads none of it.
+    let mut slow_reader = tokio::net::TcpStream::connect(host.authority())
+        .await
+        .unwrap();
+    slow_reader
+        .write_all(b"GET /api/users HTTP/1.1\r\nHost: test\r\n\r\n")
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let stopping = Instant::now();
+    assert!(host.terminate().success());
+    // The 8 s grace, then the flush: well within the compose file's 15 s stop period.
+    assert!(
+        stopping.elapsed() < Duration::from_secs(11),
+        "{:?}",
+        stopping.elapsed()
+    );
+    let log = std::fs::read_to_string(&host.log_file).unwrap();
+    assert!(
+        log.contains(r#""message":"stopped""#),
+        "the last log line was not flushed"
+    );
+    drop(slow_reader);
+}
+
 on_every_store! {
     a_long_list_streams_in_bounded_memory,
     a_list_cut_by_the_deadline_never_looks_complete,

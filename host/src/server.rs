@@ -41,7 +41,10 @@ pub const MAX_HEADER_BYTES: usize = 64 * 1024;
 /// How long a `/metrics` scrape waits for the store's user count before it serves the last one.
 pub const USERS_STORED_WAIT: Duration = Duration::from_millis(250);
 /// How long in-flight requests may take to finish once shutdown starts.
-pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
+/// Shorter than the 15 s `stop_grace_period` of `deploy/docker-compose.yml` (Docker's default is
+/// 10 s), so spans and log lines are flushed before the container is killed, even when a slow
+/// client holds a connection for the whole grace.
+pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(8);
 
 /// Everything the per-request path needs, shared by all connections.
 pub struct App {
