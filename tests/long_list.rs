@@ -153,6 +153,35 @@ async fn a_list_cut_by_the_deadline_never_looks_complete(store: Store) {
 }
 
 #[tokio::test]
+async fn slow_readers_hold_their_instance_no_longer_than_the_deadline() {
+    use tokio::io::AsyncWriteExt;
+    let host = Host::start_on_with(
+        &Store::Memory,
+        &guest_path("guest"),
+        &[("MAX_INSTANCES", "2"), ("REQUEST_TIMEOUT_MS", "1000")],
+    );
+    create_many(&host, 20_000, 64, &"n".repeat(200)).await;
+    // Both instance slots go to clients that ask for the list and never read it.
+    let mut slow_readers = Vec::new();
+    for _ in 0..2 {
+        let mut stream = tokio::net::TcpStream::connect(host.authority())
+            .await
+            .unwrap();
+        stream
+            .write_all(b"GET /api/users HTTP/1.1\r\nHost: test\r\n\r\n")
+            .await
+            .unwrap();
+        slow_readers.push(stream);
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Past the deadline (and its 1 s backstop) the slots are free again, the sockets still open.
+    tokio::time::sleep(Duration::from_millis(2000)).await;
+    let health = client().get(host.url("/api/health")).send().await.unwrap();
+    assert_eq!(health.status(), 200);
+    drop(slow_readers);
+}
+
+#[tokio::test]
 async fn sigterm_with_a_slow_reader_exits_within_the_grace_and_flushes_its_logs() {
     use tokio::io::AsyncWriteExt;
     let mut host = Host::start_on(&Store::Memory);

@@ -249,24 +249,32 @@ impl Guest {
             setup(&mut store).map_err(|e| Error::GuestFailed(one_line(e)))?;
         let pre = self.pre.clone();
         let metrics = store.data().metrics.clone();
+        // A guest blocked in a host call (a client that does not read its body, a slow store)
+        // cannot be interrupted by epochs: this is the backstop, for the whole exchange.
+        let backstop = self.limits.request_timeout + Duration::from_secs(1);
         let task = tokio::spawn(
             async move {
-                // The slot is the instance's: it is free again only when the task ends.
+                // Locals drop in reverse order: the store (and its pool slot) before the permit,
+                // so a request that gets the permit always finds a free pool slot.
                 let _slot = slot;
-                let started = Instant::now();
-                let service = pre.instantiate_async(&mut store).await?;
-                if let Some(metrics) = metrics {
-                    metrics.observe_instantiation(started.elapsed());
-                }
-                service
-                    .wasi_http_incoming_handler()
-                    .call_handle(&mut store, request, response_out)
+                let mut store = store;
+                let exchange = async {
+                    let started = Instant::now();
+                    let service = pre.instantiate_async(&mut store).await?;
+                    if let Some(metrics) = metrics {
+                        metrics.observe_instantiation(started.elapsed());
+                    }
+                    service
+                        .wasi_http_incoming_handler()
+                        .call_handle(&mut store, request, response_out)
+                        .await
+                };
+                tokio::time::timeout(backstop, exchange)
                     .await
+                    .unwrap_or_else(|_| Err(DeadlineExceeded.into()))
             }
             .in_current_span(),
         );
-        // A guest blocked in a host call cannot be interrupted by epochs: this is the backstop.
-        let backstop = self.limits.request_timeout + Duration::from_secs(1);
         let Ok(answer) = tokio::time::timeout(backstop, receiver).await else {
             task.abort();
             return Err(Error::Timeout);
