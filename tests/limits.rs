@@ -284,11 +284,17 @@ async fn ten_thousand_leaked_nested_spans_cost_a_quota_not_the_host() {
         &[("signal", "span")],
     );
     assert_eq!(dropped, 3.0 * (10_000 - 128) as f64);
-    let warnings = host.log_lines_where(|line| {
+    let is_quota_warning = |line: &Value| {
         line["message"]
             .as_str()
             .is_some_and(|message| message.contains("telemetry quota"))
-    });
+    };
+    // Log lines reach stdout from the writer's thread: wait for the third.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while host.log_lines_where(is_quota_warning).len() < 3 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let warnings = host.log_lines_where(is_quota_warning);
     assert_eq!(warnings.len(), 3, "one WARN line per request");
     assert_eq!(warnings[0]["level"], "WARN");
     assert_eq!(warnings[0]["dropped_spans"], 10_000 - 128);
@@ -451,11 +457,56 @@ async fn connections_over_the_cap_get_503_and_the_host_serves_again_once_they_go
     );
     drop(idle);
     let deadline = Instant::now() + Duration::from_secs(5);
-    while get(&host, "/api/health").await.0 != 200 {
+    let healthy = || async {
+        let response = client().get(host.url("/api/health")).send().await;
+        response.is_ok_and(|response| response.status() == 200)
+    };
+    while !healthy().await {
         assert!(
             Instant::now() < deadline,
             "the host did not take connections again"
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+}
+
+#[tokio::test]
+async fn a_client_that_never_reads_its_answers_loses_its_connection() {
+    use tokio::io::AsyncWriteExt;
+    // One connection at a time: while the stalled one holds it, every other client gets 503.
+    let host = hostile_host(&[("MAX_CONNECTIONS", "1")]);
+    let mut stalled = tokio::net::TcpStream::connect(host.authority())
+        .await
+        .unwrap();
+    // A thousand pipelined scrapes, about 10 MB of answers the client never reads.
+    let requests = b"GET /metrics HTTP/1.1\r\nHost: t\r\n\r\n".repeat(1000);
+    let writing = tokio::spawn(async move {
+        let _ = stalled.write_all(&requests).await;
+        stalled
+    });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let answer = raw_request(
+        host.authority(),
+        b"GET /api/health HTTP/1.1\r\nHost: t\r\n\r\n",
+    )
+    .await;
+    assert!(answer.starts_with("HTTP/1.1 503"), "{answer}");
+    // The host's write stall time (10 s) later, the connection is gone and its place free.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let answer = raw_request(
+            host.authority(),
+            b"GET /api/health HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n",
+        )
+        .await;
+        if answer.starts_with("HTTP/1.1 200") {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the stalled connection kept its place: {answer}"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    drop(writing);
 }

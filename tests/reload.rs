@@ -211,7 +211,7 @@ async fn with_watch_a_replaced_or_rewritten_file_is_served_without_a_signal() {
 
 #[test]
 fn a_second_start_with_an_unchanged_guest_uses_the_compiled_component_cache() {
-    let cache = support::tempdir();
+    let cache = support::tempdir().join("cache"); // created by the host, private
     let cache_dir = cache.to_str().unwrap();
     let start = || {
         let host = Host::start_with(&guest_path("guest"), &[("GUEST_CACHE_DIR", cache_dir)]);

@@ -139,9 +139,14 @@ impl ComponentCache {
             .create_new(true)
             .mode(0o600)
             .open(&partial)?;
-        file.write_all(&contents)?;
-        drop(file);
-        std::fs::rename(&partial, entry)
+        let written = file.write_all(&contents).and_then(|()| {
+            drop(file);
+            std::fs::rename(&partial, entry)
+        });
+        if written.is_err() {
+            let _ = std::fs::remove_file(&partial);
+        }
+        written
     }
 }
 

@@ -15,6 +15,7 @@
 //! - [`instrument`]: telemetry set-up, the request span and its names;
 //! - [`logs`]: the JSON log line format;
 //! - [`server`]: the accept loop and the per-request path (request ids, limits, errors);
+//! - [`stall`]: connections that give up on a client that stops reading;
 //! - [`metrics`]: every metric name, and the `/metrics` page;
 //! - [`routes`]: the API's route templates, as the host needs them for limits and labels;
 //! - [`responses`]: the one place that builds the host's own responses.
@@ -33,6 +34,7 @@ pub mod request_state;
 pub mod responses;
 pub mod routes;
 pub mod server;
+pub mod stall;
 pub mod telemetry;
 pub mod user_store;
 pub mod users;

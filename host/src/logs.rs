@@ -112,7 +112,16 @@ impl Visit for EventFields<'_> {
         if field.name() == GUEST_FIELDS
             && let Ok(Value::Object(fields)) = serde_json::from_str::<Value>(&text)
         {
-            self.0.extend(fields);
+            // The guest never replaces a field the host put on the line (`http.route`, the
+            // request's ids...): a clashing one is kept beside it as `guest.<name>`.
+            for (key, value) in fields {
+                let key = if self.0.contains_key(&key) {
+                    format!("guest.{key}")
+                } else {
+                    key
+                };
+                self.0.insert(key, value);
+            }
             return;
         }
         self.0.insert(field.name().into(), text.into());

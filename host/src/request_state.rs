@@ -14,6 +14,11 @@ use wasmtime_wasi_http::{WasiHttpCtx, WasiHttpCtxView, WasiHttpHooks, WasiHttpVi
 
 use crate::metrics::Metrics;
 use crate::telemetry::GuestTelemetry;
+
+/// Resource handles one request's guest may hold at once (streams, fields, spans...): far more
+/// than a request needs, far fewer than wasmtime's default million, which a guest leaking
+/// handles in a loop turns into gigabytes of host memory.
+pub const MAX_RESOURCES_PER_REQUEST: usize = 16 * 1024;
 use crate::user_store::UserStore;
 
 /// The data of one request's `wasmtime::Store`.
@@ -52,10 +57,12 @@ impl RequestState {
             .allow_udp(false)
             .allow_ip_name_lookup(false)
             .build();
+        let mut table = ResourceTable::new();
+        table.set_max_capacity(MAX_RESOURCES_PER_REQUEST);
         RequestState {
             wasi,
             http: WasiHttpCtx::new(),
-            table: ResourceTable::new(),
+            table,
             hooks: DenyOutgoingRequests,
             users,
             metrics,

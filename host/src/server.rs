@@ -28,12 +28,15 @@ use crate::metrics::{self, LookupResult, Metrics};
 use crate::request_state::RequestState;
 use crate::responses::{self, ResponseBody};
 use crate::routes::{self, Route};
+use crate::stall::StallGuard;
 use crate::user_store::UserStore;
 
 /// The header that carries a request's id, in both directions.
 pub const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 /// The longest client-supplied request id that is kept.
 pub const MAX_REQUEST_ID_LEN: usize = 128;
+/// How long a client may accept none of a response before it is disconnected.
+pub const WRITE_STALL_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long a client may take to send a request's head; a slower one is disconnected.
 pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(5);
 /// The most bytes of request line and headers hyper buffers; a larger head is refused by hyper.
@@ -143,7 +146,13 @@ impl App {
         let body = match read {
             Ok(body) => body,
             Err(BodyError::TooSlow) => {
-                return responses::error(StatusCode::REQUEST_TIMEOUT, responses::BODY_TOO_SLOW);
+                // The rest of the body may still come: the connection cannot carry another request.
+                let mut response =
+                    responses::error(StatusCode::REQUEST_TIMEOUT, responses::BODY_TOO_SLOW);
+                response
+                    .headers_mut()
+                    .insert(header::CONNECTION, HeaderValue::from_static("close"));
+                return response;
             }
             Err(BodyError::TooLarge) if reaches_endpoint => {
                 return responses::error(StatusCode::PAYLOAD_TOO_LARGE, responses::BODY_TOO_LARGE);
@@ -318,7 +327,10 @@ pub async fn serve(listener: TcpListener, app: Arc<App>, shutdown: impl Future<O
             .timer(TokioTimer::new())
             .header_read_timeout(HEADER_READ_TIMEOUT)
             .max_buf_size(MAX_HEADER_BYTES)
-            .serve_connection(TokioIo::new(stream), service);
+            .serve_connection(
+                TokioIo::new(StallGuard::new(stream, WRITE_STALL_TIMEOUT)),
+                service,
+            );
         let connection = connections.watch(connection);
         tokio::spawn(async move {
             // A client that vanishes or speaks garbage ends its own connection, nothing more.

@@ -21,6 +21,12 @@ pub const MAX_ATTRIBUTES_PER_REQUEST: u32 = 1024;
 pub const MAX_LOG_EVENTS_PER_REQUEST: u32 = 256;
 /// See [`MAX_SPANS_PER_REQUEST`]: bytes of names, keys, values and messages together.
 pub const MAX_BYTES_PER_REQUEST: usize = 256 * 1024;
+/// Bytes one guest span may carry (name, keys, values): well under the 65,000-byte UDP datagram
+/// of the Jaeger agent, where one larger span would lose its whole batch of other requests'
+/// spans. Longer names and text values are cut to [`MAX_VALUE_BYTES`].
+pub const MAX_BYTES_PER_SPAN: usize = 16 * 1024;
+/// The longest span name, attribute key, text value or log message kept; longer ones are cut.
+pub const MAX_VALUE_BYTES: usize = 4 * 1024;
 /// Log fields the guest's attributes may not replace; a guest attribute of one of these names is
 /// written as `guest.<name>`.
 pub const RESERVED_LOG_KEYS: &[&str] = &[
@@ -65,6 +71,21 @@ struct OpenSpan {
     span: tracing::Span,
     /// Set when the span ends, so a later value replaces an earlier one of the same key.
     attributes: Vec<(String, Value)>,
+    /// Bytes of its name and attributes, against [`MAX_BYTES_PER_SPAN`].
+    bytes: usize,
+}
+
+impl OpenSpan {
+    /// Sets `attribute` if the span's own byte budget allows it; `false` when it does not.
+    fn set(&mut self, attribute: Attribute) -> bool {
+        let size = attribute.key.len() + value_bytes(&attribute.value);
+        if self.bytes + size > MAX_BYTES_PER_SPAN {
+            return false;
+        }
+        self.bytes += size;
+        replace_attribute(&mut self.attributes, attribute);
+        true
+    }
 }
 
 impl OpenSpan {
@@ -90,6 +111,7 @@ impl GuestTelemetry {
     fn admit(&mut self, attributes: Vec<Attribute>) -> Vec<Attribute> {
         let mut admitted = Vec::new();
         for attribute in attributes {
+            let attribute = cut_attribute(attribute);
             let size = attribute.key.len() + value_bytes(&attribute.value);
             if self.attributes < MAX_ATTRIBUTES_PER_REQUEST && self.take_bytes(size) {
                 self.attributes += 1;
@@ -132,6 +154,7 @@ impl HostSpan for RequestState {
         if !self.telemetry_enabled {
             return Ok(handle);
         }
+        let name = cut(name, MAX_VALUE_BYTES);
         let telemetry = &mut self.guest_telemetry;
         if telemetry.spans >= MAX_SPANS_PER_REQUEST || !telemetry.take_bytes(name.len()) {
             telemetry.dropped.spans += 1;
@@ -150,10 +173,15 @@ impl HostSpan for RequestState {
             rep: handle.rep(),
             span,
             attributes: Vec::new(),
+            bytes: name.len(),
         };
+        let mut refused = 0;
         for attribute in admitted {
-            replace_attribute(&mut open.attributes, attribute);
+            if !open.set(attribute) {
+                refused += 1;
+            }
         }
+        self.guest_telemetry.dropped.attributes += refused;
         self.guest_telemetry.open.push(open);
         Ok(handle)
     }
@@ -163,9 +191,13 @@ impl HostSpan for RequestState {
         handle: Resource<GuestSpan>,
         attribute: Attribute,
     ) -> wasmtime::Result<()> {
+        if !self.telemetry_enabled {
+            return Ok(());
+        }
         let telemetry = &mut self.guest_telemetry;
         if !telemetry.open.iter().any(|open| open.rep == handle.rep()) {
-            // A span over the quota (or with telemetry off): nothing to set.
+            // A span that went over the quota: its attributes are dropped with it.
+            telemetry.dropped.attributes += 1;
             return Ok(());
         }
         if let Some(attribute) = telemetry.admit(vec![attribute]).pop()
@@ -173,8 +205,9 @@ impl HostSpan for RequestState {
                 .open
                 .iter_mut()
                 .find(|open| open.rep == handle.rep())
+            && !open.set(attribute)
         {
-            replace_attribute(&mut open.attributes, attribute);
+            telemetry.dropped.attributes += 1;
         }
         Ok(())
     }
@@ -199,6 +232,7 @@ impl Host for RequestState {
         if !self.telemetry_enabled {
             return Ok(());
         }
+        let message = cut(message, MAX_VALUE_BYTES);
         let telemetry = &mut self.guest_telemetry;
         if telemetry.log_events >= MAX_LOG_EVENTS_PER_REQUEST
             || !telemetry.take_bytes(message.len())
@@ -244,6 +278,30 @@ fn replace_attribute(attributes: &mut Vec<(String, Value)>, Attribute { key, val
     match attributes.iter_mut().find(|(existing, _)| *existing == key) {
         Some((_, existing)) => *existing = value,
         None => attributes.push((key, value)),
+    }
+}
+
+/// `text` cut to at most `max` bytes, at a character boundary.
+fn cut(mut text: String, max: usize) -> String {
+    if text.len() > max {
+        let mut end = max;
+        while !text.is_char_boundary(end) {
+            end -= 1;
+        }
+        text.truncate(end);
+    }
+    text
+}
+
+/// The attribute with its key and text value cut to [`MAX_VALUE_BYTES`].
+fn cut_attribute(Attribute { key, value }: Attribute) -> Attribute {
+    let value = match value {
+        Value::Text(text) => Value::Text(cut(text, MAX_VALUE_BYTES)),
+        other => other,
+    };
+    Attribute {
+        key: cut(key, MAX_VALUE_BYTES),
+        value,
     }
 }
 
@@ -309,9 +367,34 @@ mod tests {
         assert_eq!(telemetry.end_all().attributes, 10);
 
         let mut telemetry = GuestTelemetry::default();
-        let large = "x".repeat(MAX_BYTES_PER_REQUEST / 2);
-        let admitted = telemetry.admit(vec![text("a", &large), text("b", &large), text("c", "y")]);
-        assert_eq!(admitted.len(), 2, "the second large value does not fit");
-        assert_eq!(telemetry.end_all().attributes, 1);
+        let large = "x".repeat(MAX_VALUE_BYTES);
+        let many_large = (0..100).map(|i| text(&format!("{i:03}"), &large)).collect();
+        let admitted = telemetry.admit(many_large).len();
+        assert_eq!(admitted, MAX_BYTES_PER_REQUEST / (MAX_VALUE_BYTES + 3));
+        assert_eq!(telemetry.end_all().attributes, 100 - admitted as u64);
+    }
+
+    #[test]
+    fn long_values_are_cut_at_a_character_boundary() {
+        let long = "é".repeat(MAX_VALUE_BYTES);
+        let Attribute { key, value } = cut_attribute(text(&long, &long));
+        assert_eq!(key.len(), MAX_VALUE_BYTES);
+        assert!(matches!(value, Value::Text(value) if value.len() == MAX_VALUE_BYTES));
+    }
+
+    #[test]
+    fn one_span_carries_at_most_its_byte_budget() {
+        let mut open = OpenSpan {
+            rep: 1,
+            span: tracing::Span::none(),
+            attributes: Vec::new(),
+            bytes: 0,
+        };
+        let value = "v".repeat(MAX_VALUE_BYTES - 3);
+        let set = (0..10)
+            .filter(|i| open.set(text(&format!("k{i:02}"), &value)))
+            .count();
+        assert_eq!(set, MAX_BYTES_PER_SPAN / MAX_VALUE_BYTES);
+        assert!(open.bytes <= MAX_BYTES_PER_SPAN);
     }
 }
