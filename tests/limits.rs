@@ -510,3 +510,26 @@ async fn a_client_that_never_reads_its_answers_loses_its_connection() {
     }
     drop(writing);
 }
+
+#[tokio::test]
+async fn guest_arguments_are_read_within_the_quotas_not_copied_whole() {
+    let mut host = hostile_host(&[]);
+    let idle = host.resident_bytes();
+    // A thousand attribute keys that all point at one 64 MiB string in guest memory.
+    assert_eq!(get(&host, "/aliased-attributes").await.0, 200);
+    assert!(host.is_running());
+    assert_still_serving(&host).await;
+    assert!(
+        host.resident_bytes() < idle + (256 << 20),
+        "resident memory grew from {} to {} MiB",
+        idle >> 20,
+        host.resident_bytes() >> 20
+    );
+    let samples = support::prometheus::scrape(&host).await;
+    let dropped = support::prometheus::value(
+        &samples,
+        "guest_telemetry_dropped_total",
+        &[("signal", "attribute")],
+    );
+    assert_eq!(dropped, 1_000.0);
+}

@@ -17,7 +17,7 @@ use wasmtime::{
 use wasmtime_wasi_http::WasiHttpView;
 use wasmtime_wasi_http::p2::bindings::http::types::Scheme;
 
-use crate::bindings::{ServicePre, telemetry, users};
+use crate::bindings::{ServicePre, users};
 use crate::cache::{CacheOutcome, ComponentCache};
 use crate::error::{Error, one_line};
 use crate::request_state::RequestState;
@@ -79,7 +79,7 @@ impl Runtime {
             wasmtime_wasi::p2::add_to_linker_async(linker)?;
             wasmtime_wasi_http::p2::add_only_http_to_linker_async(linker)?;
             users::add_to_linker::<_, HasSelf<_>>(linker, |state| state)?;
-            telemetry::add_to_linker::<_, HasSelf<_>>(linker, |state| state)?;
+            crate::telemetry::add_to_linker(linker)?;
             Ok(())
         };
         link(&mut linker).map_err(|e| Error::Runtime(one_line(e)))?;

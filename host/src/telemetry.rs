@@ -3,7 +3,8 @@
 
 use opentelemetry::{KeyValue, Value as OtelValue};
 use tracing_opentelemetry::OpenTelemetrySpanExt;
-use wasmtime::component::Resource;
+use wasmtime::StoreContextMut;
+use wasmtime::component::{ComponentType, Lift, Linker, Resource, ResourceType, WasmList, WasmStr};
 
 use crate::bindings::telemetry::{Attribute, Host, HostSpan, Level, Value};
 use crate::request_state::RequestState;
@@ -273,6 +274,151 @@ impl Host for RequestState {
     }
 }
 
+/// Links the `telemetry` interface by hand, rather than through `bindgen!`'s `add_to_linker`:
+/// generated bindings copy every string and list a guest passes into host memory before any code
+/// of ours runs (a list of attributes all naming one 64 MiB string would cost gigabytes). Here
+/// they stay in guest memory and are read one by one, only while the request's quotas last.
+pub fn add_to_linker(linker: &mut Linker<RequestState>) -> wasmtime::Result<()> {
+    let mut instance = linker.instance("tutorial:service/telemetry@0.2.0")?;
+    instance.resource(
+        "span",
+        ResourceType::host::<GuestSpan>(),
+        |mut store, rep| HostSpan::drop(store.data_mut(), Resource::new_own(rep)),
+    )?;
+    instance.func_wrap(
+        "[constructor]span",
+        |mut store, (name, attributes): (WasmStr, WasmList<RawAttribute>)| {
+            if !store.data().telemetry_enabled {
+                return Ok((store.data_mut().table.push(GuestSpan)?,));
+            }
+            let Some(name) = lift_text(&mut store, &name)? else {
+                let state = store.data_mut();
+                state.guest_telemetry.dropped.spans += 1;
+                state.guest_telemetry.dropped.attributes += attributes.len() as u64;
+                return Ok((state.table.push(GuestSpan)?,));
+            };
+            let attributes = lift_attributes(&mut store, &attributes)?;
+            Ok((HostSpan::new(store.data_mut(), name, attributes)?,))
+        },
+    )?;
+    instance.func_wrap(
+        "[method]span.set-attribute",
+        |mut store, (span, attribute): (Resource<GuestSpan>, RawAttribute)| {
+            if !store.data().telemetry_enabled {
+                return Ok(());
+            }
+            match lift_attribute(&mut store, attribute)? {
+                Some(attribute) => HostSpan::set_attribute(store.data_mut(), span, attribute)?,
+                None => store.data_mut().guest_telemetry.dropped.attributes += 1,
+            }
+            Ok(())
+        },
+    )?;
+    instance.func_wrap(
+        "log",
+        |mut store, (level, message, attributes): (Level, WasmStr, WasmList<RawAttribute>)| {
+            if !store.data().telemetry_enabled {
+                return Ok(());
+            }
+            let Some(message) = lift_text(&mut store, &message)? else {
+                let telemetry = &mut store.data_mut().guest_telemetry;
+                telemetry.dropped.log_events += 1;
+                telemetry.dropped.attributes += attributes.len() as u64;
+                return Ok(());
+            };
+            let attributes = lift_attributes(&mut store, &attributes)?;
+            Host::log(store.data_mut(), level, message, attributes)
+        },
+    )?;
+    Ok(())
+}
+
+/// An attribute as the guest passed it, its strings still in guest memory.
+#[derive(ComponentType, Lift)]
+#[component(record)]
+struct RawAttribute {
+    key: WasmStr,
+    value: RawValue,
+}
+
+/// A value as the guest passed it.
+#[derive(ComponentType, Lift)]
+#[component(variant)]
+enum RawValue {
+    #[component(name = "text")]
+    Text(WasmStr),
+    #[component(name = "integer")]
+    Integer(i64),
+    #[component(name = "float")]
+    Float(f64),
+    #[component(name = "boolean")]
+    Boolean(bool),
+}
+
+/// The guest's string, cut to [`MAX_VALUE_BYTES`], if the request's byte quota still holds all
+/// of it; `None` (and the quota spent) otherwise. Past the quota, nothing is read at all.
+fn lift_text(
+    store: &mut StoreContextMut<'_, RequestState>,
+    text: &WasmStr,
+) -> wasmtime::Result<Option<String>> {
+    let spent = store.data().guest_telemetry.bytes;
+    let remaining = MAX_BYTES_PER_REQUEST.saturating_sub(spent);
+    if remaining == 0 {
+        return Ok(None);
+    }
+    let lifted = {
+        let text = text.to_str(&*store)?;
+        (text.len() <= remaining).then(|| cut_str(&text, MAX_VALUE_BYTES).to_string())
+    };
+    if lifted.is_none() {
+        store.data_mut().guest_telemetry.bytes = MAX_BYTES_PER_REQUEST;
+    }
+    Ok(lifted)
+}
+
+/// The guest's attribute, if its strings fit the quota.
+fn lift_attribute(
+    store: &mut StoreContextMut<'_, RequestState>,
+    RawAttribute { key, value }: RawAttribute,
+) -> wasmtime::Result<Option<Attribute>> {
+    let Some(key) = lift_text(store, &key)? else {
+        return Ok(None);
+    };
+    let value = match value {
+        RawValue::Text(text) => match lift_text(store, &text)? {
+            Some(text) => Value::Text(text),
+            None => return Ok(None),
+        },
+        RawValue::Integer(number) => Value::Integer(number),
+        RawValue::Float(number) => Value::Float(number),
+        RawValue::Boolean(flag) => Value::Boolean(flag),
+    };
+    Ok(Some(Attribute { key, value }))
+}
+
+/// As many of the guest's attributes as the quotas allow, read one by one; the rest are counted
+/// as dropped without being read.
+fn lift_attributes(
+    store: &mut StoreContextMut<'_, RequestState>,
+    attributes: &WasmList<RawAttribute>,
+) -> wasmtime::Result<Vec<Attribute>> {
+    let used = store.data().guest_telemetry.attributes;
+    let allowed = MAX_ATTRIBUTES_PER_REQUEST.saturating_sub(used) as usize;
+    let mut lifted = Vec::new();
+    for index in 0..attributes.len().min(allowed) {
+        let Some(raw) = attributes.get(&mut *store, index) else {
+            break;
+        };
+        match lift_attribute(store, raw?)? {
+            Some(attribute) => lifted.push(attribute),
+            None => break,
+        }
+    }
+    let not_read = attributes.len() - lifted.len();
+    store.data_mut().guest_telemetry.dropped.attributes += not_read as u64;
+    Ok(lifted)
+}
+
 /// Sets `attribute` in `attributes`, replacing one with the same key, as the WIT promises.
 fn replace_attribute(attributes: &mut Vec<(String, Value)>, Attribute { key, value }: Attribute) {
     match attributes.iter_mut().find(|(existing, _)| *existing == key) {
@@ -283,14 +429,18 @@ fn replace_attribute(attributes: &mut Vec<(String, Value)>, Attribute { key, val
 
 /// `text` cut to at most `max` bytes, at a character boundary.
 fn cut(mut text: String, max: usize) -> String {
-    if text.len() > max {
-        let mut end = max;
-        while !text.is_char_boundary(end) {
-            end -= 1;
-        }
-        text.truncate(end);
-    }
+    let end = cut_str(&text, max).len();
+    text.truncate(end);
     text
+}
+
+/// `text`'s longest prefix of at most `max` bytes that ends at a character boundary.
+fn cut_str(text: &str, max: usize) -> &str {
+    let mut end = text.len().min(max);
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    &text[..end]
 }
 
 /// The attribute with its key and text value cut to [`MAX_VALUE_BYTES`].
