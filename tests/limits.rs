@@ -533,3 +533,20 @@ async fn guest_arguments_are_read_within_the_quotas_not_copied_whole() {
     );
     assert_eq!(dropped, 1_000.0);
 }
+
+#[tokio::test]
+async fn a_guest_passing_a_100_mib_name_to_the_store_traps_before_it_is_copied() {
+    let mut host = hostile_host(&[]);
+    let idle = host.resident_bytes();
+    let (status, body) = get(&host, "/huge-name").await;
+    assert_eq!(status, 500, "{body}");
+    assert!(host.is_running());
+    // The guest's own 100 MiB are host memory too (its linear memory); a copy would add more.
+    assert!(
+        host.resident_bytes() < idle + (128 << 20) + (32 << 20),
+        "resident memory grew from {} to {} MiB",
+        idle >> 20,
+        host.resident_bytes() >> 20
+    );
+    assert_still_serving(&host).await;
+}

@@ -9,7 +9,7 @@ use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use tokio::sync::{Semaphore, oneshot};
 use tracing::Instrument;
-use wasmtime::component::{HasSelf, Linker};
+use wasmtime::component::Linker;
 use wasmtime::{
     Enabled, Engine, InstanceAllocationStrategy, PoolingAllocationConfig, Store,
     StoreLimitsBuilder, UpdateDeadline,
@@ -17,7 +17,7 @@ use wasmtime::{
 use wasmtime_wasi_http::WasiHttpView;
 use wasmtime_wasi_http::p2::bindings::http::types::Scheme;
 
-use crate::bindings::{ServicePre, users};
+use crate::bindings::ServicePre;
 use crate::cache::{CacheOutcome, ComponentCache};
 use crate::error::{Error, one_line};
 use crate::request_state::RequestState;
@@ -78,7 +78,7 @@ impl Runtime {
         let link = |linker: &mut Linker<RequestState>| -> wasmtime::Result<()> {
             wasmtime_wasi::p2::add_to_linker_async(linker)?;
             wasmtime_wasi_http::p2::add_only_http_to_linker_async(linker)?;
-            users::add_to_linker::<_, HasSelf<_>>(linker, |state| state)?;
+            crate::users::add_to_linker(linker)?;
             crate::telemetry::add_to_linker(linker)?;
             Ok(())
         };

@@ -13,6 +13,8 @@ use std::time::Instant;
 use tracing::Instrument;
 use tracing::field::Empty;
 use uuid::Uuid;
+use wasmtime::StoreContextMut;
+use wasmtime::component::{Linker, WasmStr};
 
 use crate::bindings::users::{CreateError, Host, StoreError, User};
 use crate::request_state::RequestState;
@@ -23,9 +25,64 @@ use crate::user_store::{self, Unavailable};
 pub const MAX_NAME_BYTES: usize = 200 * 4;
 /// See [`MAX_NAME_BYTES`].
 pub const MAX_EMAIL_BYTES: usize = 254 * 4;
+/// The longest id or cursor read from a guest: a UUID is 36 characters (45 with braces and a
+/// `urn:uuid:` prefix); anything longer finds nothing without being copied.
+const MAX_ID_BYTES: usize = 64;
 /// Store calls of one request that get a span of their own; later ones (a long list's pages)
 /// are timed and counted only, so no request floods the trace exporter.
 pub const MAX_STORE_SPANS_PER_REQUEST: u32 = 64;
+
+/// Links the `users` interface by hand, rather than through `bindgen!`'s `add_to_linker`, so a
+/// guest's strings are measured in guest memory before any is copied: generated bindings would
+/// copy a 100 MiB "name" into host memory before [`MAX_NAME_BYTES`] could refuse it.
+pub fn add_to_linker(linker: &mut Linker<RequestState>) -> wasmtime::Result<()> {
+    let mut instance = linker.instance("tutorial:service/users@0.2.0")?;
+    instance.func_wrap_async(
+        "list",
+        |mut store, (after, limit): (Option<WasmStr>, u32)| {
+            Box::new(async move {
+                let after = match after {
+                    None => None,
+                    Some(after) => match read(&store, &after, MAX_ID_BYTES)? {
+                        Some(after) => Some(after),
+                        // No stored user has an id that long.
+                        None => return Ok((Ok(Vec::new()),)),
+                    },
+                };
+                Ok((Host::list(store.data_mut(), after, limit).await?,))
+            })
+        },
+    )?;
+    instance.func_wrap_async("get", |mut store, (id,): (WasmStr,)| {
+        Box::new(async move {
+            let Some(id) = read(&store, &id, MAX_ID_BYTES)? else {
+                return Ok((Ok(None),));
+            };
+            Ok((Host::get(store.data_mut(), id).await?,))
+        })
+    })?;
+    instance.func_wrap_async("create", |mut store, (name, email): (WasmStr, WasmStr)| {
+        Box::new(async move {
+            let name = read(&store, &name, MAX_NAME_BYTES)?;
+            let email = read(&store, &email, MAX_EMAIL_BYTES)?;
+            let (Some(name), Some(email)) = (name, email) else {
+                wasmtime::bail!("users.create with a name or email over the host's limits");
+            };
+            Ok((Host::create(store.data_mut(), name, email).await?,))
+        })
+    })?;
+    Ok(())
+}
+
+/// The guest's string, if it is at most `max` bytes; a longer one is not copied.
+fn read(
+    store: &StoreContextMut<'_, RequestState>,
+    text: &WasmStr,
+    max: usize,
+) -> wasmtime::Result<Option<String>> {
+    let text = text.to_str(store)?;
+    Ok((text.len() <= max).then(|| text.into_owned()))
+}
 
 impl Host for RequestState {
     async fn list(
