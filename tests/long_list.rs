@@ -8,25 +8,8 @@ mod support;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use serde_json::{Value, json};
-use support::{Host, Store, client, guest_path};
-
-/// `POST /api/users` through `client`, which may reuse its connections.
-async fn create_with(
-    client: &reqwest::Client,
-    base_url: &str,
-    name: &str,
-    email: &str,
-) -> (u16, Value) {
-    let response = client
-        .post(format!("{base_url}/api/users"))
-        .json(&json!({ "name": name, "email": email }))
-        .send()
-        .await
-        .unwrap();
-    let status = response.status().as_u16();
-    (status, response.json().await.unwrap_or(Value::Null))
-}
+use serde_json::Value;
+use support::{Host, Store, client, create_with, guest_path};
 
 /// Users created through the API, `in_flight` at a time.
 async fn create_many(host: &Host, count: usize, in_flight: usize, name: &str) {

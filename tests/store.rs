@@ -12,28 +12,11 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 use support::postgres::Server;
-use support::{Host, Store, client, create_user, free_port, get_json, guest_path};
+use support::{Host, Store, client, create_user, create_with, free_port, get_json, guest_path};
 
 /// `POST /api/users` on `base_url`: the status and the body as JSON.
 async fn try_create(base_url: &str, name: &str, email: &str) -> (u16, Value) {
     create_with(&client(), base_url, name, email).await
-}
-
-/// `POST /api/users` through `client`, which may reuse its connections.
-async fn create_with(
-    client: &reqwest::Client,
-    base_url: &str,
-    name: &str,
-    email: &str,
-) -> (u16, Value) {
-    let response = client
-        .post(format!("{base_url}/api/users"))
-        .json(&json!({ "name": name, "email": email }))
-        .send()
-        .await
-        .unwrap();
-    let status = response.status().as_u16();
-    (status, response.json().await.unwrap_or(Value::Null))
 }
 
 /// The ids `GET /api/users` lists, in order.

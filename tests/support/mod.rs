@@ -396,6 +396,24 @@ pub async fn create_user(host: &Host, name: &str, email: &str) -> serde_json::Va
     response.json().await.unwrap()
 }
 
+/// `POST /api/users` on `base_url` through `client` (which may reuse its connections): the status
+/// and the body as JSON, whatever the status.
+pub async fn create_with(
+    client: &reqwest::Client,
+    base_url: &str,
+    name: &str,
+    email: &str,
+) -> (u16, serde_json::Value) {
+    let response = client
+        .post(format!("{base_url}/api/users"))
+        .json(&serde_json::json!({ "name": name, "email": email }))
+        .send()
+        .await
+        .unwrap();
+    let status = response.status().as_u16();
+    (status, response.json().await.unwrap_or_default())
+}
+
 /// `GET path`, its body parsed as JSON.
 pub async fn get_json(host: &Host, path: &str) -> serde_json::Value {
     client()
