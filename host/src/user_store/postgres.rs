@@ -414,7 +414,7 @@ impl PostgresStore {
     }
 
     /// The number of users, from the 16 rows of `user_slots` (no scan of `users`), read at most
-    /// once per [`COUNT_REFRESH`] whatever the number of scrapes; `None` while it is unknown.
+    /// once a second whatever the number of scrapes; `None` while it is unknown.
     pub async fn count(&self) -> Option<u64> {
         let cached = *self
             .count_cache
