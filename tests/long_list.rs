@@ -11,6 +11,23 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 use support::{Host, Store, client, create_with, guest_path};
 
+/// A connection that has asked for the whole list and read none of it yet. Its receive window
+/// is small, so the list cannot hide in the socket buffers.
+async fn ask_for_the_list(host: &Host) -> tokio::net::TcpStream {
+    use tokio::io::AsyncWriteExt;
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.set_recv_buffer_size(4096).unwrap();
+    let mut stream = socket
+        .connect(host.authority().parse().unwrap())
+        .await
+        .unwrap();
+    stream
+        .write_all(b"GET /api/users HTTP/1.1\r\nHost: test\r\n\r\n")
+        .await
+        .unwrap();
+    stream
+}
+
 /// Users created through the API, `in_flight` at a time.
 async fn create_many(host: &Host, count: usize, in_flight: usize, name: &str) {
     let permits = Arc::new(tokio::sync::Semaphore::new(in_flight));
@@ -101,7 +118,7 @@ async fn a_long_list_streams_in_bounded_memory(store: Store) {
 /// looks complete. The client stops reading until the deadline has passed, so the guest is
 /// still streaming when it comes.
 async fn a_list_cut_by_the_deadline_never_looks_complete(store: Store) {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::io::AsyncReadExt;
     let host = Host::start_on_with(
         &store,
         &guest_path("guest"),
@@ -110,13 +127,7 @@ async fn a_list_cut_by_the_deadline_never_looks_complete(store: Store) {
     // About 6 MB of JSON: more than the socket buffers hold. As many creations at once as the
     // pool has connections, so none waits for one past its 1 s call timeout.
     create_many(&host, 20_000, 16, &"n".repeat(200)).await;
-    let mut stream = tokio::net::TcpStream::connect(host.authority())
-        .await
-        .unwrap();
-    stream
-        .write_all(b"GET /api/users HTTP/1.1\r\nHost: test\r\n\r\n")
-        .await
-        .unwrap();
+    let mut stream = ask_for_the_list(&host).await;
     tokio::time::sleep(Duration::from_millis(2500)).await;
     let mut answer = Vec::new();
     let read = tokio::time::timeout(Duration::from_secs(30), stream.read_to_end(&mut answer)).await;
@@ -137,7 +148,6 @@ async fn a_list_cut_by_the_deadline_never_looks_complete(store: Store) {
 
 #[tokio::test]
 async fn slow_readers_hold_their_instance_no_longer_than_the_deadline() {
-    use tokio::io::AsyncWriteExt;
     let host = Host::start_on_with(
         &Store::Memory,
         &guest_path("guest"),
@@ -147,18 +157,7 @@ async fn slow_readers_hold_their_instance_no_longer_than_the_deadline() {
     // Both instance slots go to clients that ask for the list and never read it.
     let mut slow_readers = Vec::new();
     for _ in 0..2 {
-        // A small receive window, so the list cannot hide in the socket buffers.
-        let socket = tokio::net::TcpSocket::new_v4().unwrap();
-        socket.set_recv_buffer_size(4096).unwrap();
-        let mut stream = socket
-            .connect(host.authority().parse().unwrap())
-            .await
-            .unwrap();
-        stream
-            .write_all(b"GET /api/users HTTP/1.1\r\nHost: test\r\n\r\n")
-            .await
-            .unwrap();
-        slow_readers.push(stream);
+        slow_readers.push(ask_for_the_list(&host).await);
     }
     // Past the deadline (and its 1 s backstop) the slots are free again, the sockets still open.
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -178,17 +177,10 @@ async fn slow_readers_hold_their_instance_no_longer_than_the_deadline() {
 
 #[tokio::test]
 async fn sigterm_with_a_slow_reader_exits_within_the_grace_and_flushes_its_logs() {
-    use tokio::io::AsyncWriteExt;
     let mut host = Host::start_on(&Store::Memory);
     create_many(&host, 20_000, 64, &"n".repeat(200)).await;
     // A client that asks for the whole list and reads none of it.
-    let mut slow_reader = tokio::net::TcpStream::connect(host.authority())
-        .await
-        .unwrap();
-    slow_reader
-        .write_all(b"GET /api/users HTTP/1.1\r\nHost: test\r\n\r\n")
-        .await
-        .unwrap();
+    let slow_reader = ask_for_the_list(&host).await;
     tokio::time::sleep(Duration::from_millis(300)).await;
     let stopping = Instant::now();
     assert!(host.terminate().success());

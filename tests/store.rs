@@ -121,15 +121,11 @@ async fn the_cap_holds_across_hosts() {
     assert_eq!(statuses.iter().filter(|&&status| status == 503).count(), 30);
     for host in &hosts {
         assert_eq!(listed_ids(host).await.len(), 10);
-        let metrics = client()
-            .get(host.url("/metrics"))
-            .send()
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap();
-        assert!(metrics.contains("\nusers_stored 10\n"), "{metrics}");
+        let samples = support::prometheus::scrape(host).await;
+        assert_eq!(
+            support::prometheus::value(&samples, "users_stored", &[]),
+            10.0
+        );
     }
 }
 

@@ -35,7 +35,7 @@ const MAX_RECORDED_PATH: usize = 1024;
 /// The longest non-standard method recorded as `http.request.method_original`.
 const MAX_RECORDED_METHOD: usize = 32;
 /// The methods OpenTelemetry's HTTP conventions know; any other is recorded as [`OTHER_METHOD`].
-const KNOWN_METHODS: &[Method] = &[
+const STANDARD_METHODS: &[Method] = &[
     Method::GET,
     Method::HEAD,
     Method::POST,
@@ -48,6 +48,15 @@ const KNOWN_METHODS: &[Method] = &[
 ];
 /// `http.request.method` of a request whose method is not a standard one.
 pub const OTHER_METHOD: &str = "_OTHER";
+
+/// The method's name when it is one of the nine standard ones; clients choose methods, so only
+/// these may become span names or label values.
+pub fn standard_method(method: &Method) -> Option<&'static str> {
+    STANDARD_METHODS
+        .iter()
+        .find(|standard| *standard == method)
+        .map(Method::as_str)
+}
 /// Spans per export unless `OTEL_BSP_MAX_EXPORT_BATCH_SIZE` says otherwise. A request span is
 /// about 350 bytes in Thrift, so 128 of them fit one 65,000-byte UDP packet; the SDK's default
 /// of 512 does not, and the exporter then halves the batch and encodes each half again (and
@@ -185,8 +194,8 @@ pub fn request_span(
     let path = truncate(path, MAX_RECORDED_PATH);
     // Clients choose the method: only the standard ones become span names or attribute values,
     // so the set of names stays bounded and a 5,000-byte method is not logged whole.
-    let (method_name, method_original) = match KNOWN_METHODS.iter().find(|known| *known == method) {
-        Some(known) => (known.as_str(), None),
+    let (method_name, method_original) = match standard_method(method) {
+        Some(standard) => (standard, None),
         None => (
             OTHER_METHOD,
             Some(truncate(method.as_str(), MAX_RECORDED_METHOD)),

@@ -263,22 +263,7 @@ pub const CONTENT_TYPE: &str = prometheus::TEXT_FORMAT;
 /// Standard methods by name; any other method is one `OTHER` label, so clients cannot grow the
 /// label set.
 fn method_label(method: &http::Method) -> &'static str {
-    use http::Method;
-    const KNOWN: &[Method] = &[
-        Method::GET,
-        Method::HEAD,
-        Method::POST,
-        Method::PUT,
-        Method::DELETE,
-        Method::PATCH,
-        Method::OPTIONS,
-        Method::TRACE,
-        Method::CONNECT,
-    ];
-    KNOWN
-        .iter()
-        .find(|known| *known == method)
-        .map_or("OTHER", |known| known.as_str())
+    crate::instrument::standard_method(method).unwrap_or("OTHER")
 }
 
 #[cfg(test)]
