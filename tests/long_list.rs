@@ -5,48 +5,11 @@
 #[macro_use]
 mod support;
 
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
-use support::{Host, Store, client, create_with, guest_path};
-
-/// A connection that has asked for the whole list and read none of it yet. Its receive window
-/// is small, so the list cannot hide in the socket buffers.
-async fn ask_for_the_list(host: &Host) -> tokio::net::TcpStream {
-    use tokio::io::AsyncWriteExt;
-    let socket = tokio::net::TcpSocket::new_v4().unwrap();
-    socket.set_recv_buffer_size(4096).unwrap();
-    let mut stream = socket
-        .connect(host.authority().parse().unwrap())
-        .await
-        .unwrap();
-    stream
-        .write_all(b"GET /api/users HTTP/1.1\r\nHost: test\r\n\r\n")
-        .await
-        .unwrap();
-    stream
-}
-
-/// Users created through the API, `in_flight` at a time.
-async fn create_many(host: &Host, count: usize, in_flight: usize, name: &str) {
-    let permits = Arc::new(tokio::sync::Semaphore::new(in_flight));
-    let mut tasks = Vec::with_capacity(count);
-    let client = client();
-    for i in 0..count {
-        let permit = Arc::clone(&permits).acquire_owned().await.unwrap();
-        let (client, base_url, name) = (client.clone(), host.base_url.clone(), name.to_string());
-        tasks.push(tokio::spawn(async move {
-            let (status, body) =
-                create_with(&client, &base_url, &name, &format!("u{i}@x.io")).await;
-            assert_eq!(status, 201, "{body}");
-            drop(permit);
-        }));
-    }
-    for task in tasks {
-        task.await.unwrap();
-    }
-}
+use support::lists::{PeakResident, ask_for_the_list, create_many};
+use support::{Host, Store, client, guest_path};
 
 async fn a_long_list_streams_in_bounded_memory(store: Store) {
     const USERS: usize = 100_000;
@@ -66,20 +29,7 @@ async fn a_long_list_streams_in_bounded_memory(store: Store) {
     let idle = host.resident_bytes();
     let listing = Instant::now();
 
-    let peak = Arc::new(std::sync::atomic::AtomicU64::new(idle));
-    let sampling = Arc::new(std::sync::atomic::AtomicBool::new(true));
-    let pid = host.pid();
-    let sampler = {
-        let (peak, sampling) = (Arc::clone(&peak), Arc::clone(&sampling));
-        std::thread::spawn(move || {
-            while sampling.load(std::sync::atomic::Ordering::Relaxed) {
-                if let Some(rss) = support::resident_bytes(pid) {
-                    peak.fetch_max(rss, std::sync::atomic::Ordering::Relaxed);
-                }
-                std::thread::sleep(Duration::from_millis(10));
-            }
-        })
-    };
+    let peak = PeakResident::start(&host);
     let lists: Vec<_> = (0..CLIENTS)
         .map(|_| {
             let url = host.url("/api/users");
@@ -98,9 +48,7 @@ async fn a_long_list_streams_in_bounded_memory(store: Store) {
         "{store:?}: listed by {CLIENTS} clients in {:?}",
         listing.elapsed()
     );
-    sampling.store(false, std::sync::atomic::Ordering::Relaxed);
-    sampler.join().unwrap();
-    let peak = peak.load(std::sync::atomic::Ordering::Relaxed);
+    let peak = peak.stop();
     eprintln!(
         "{store:?}: resident {} MiB idle, {} MiB at most while listing",
         idle >> 20,
@@ -146,12 +94,17 @@ async fn a_list_cut_by_the_deadline_never_looks_complete(store: Store) {
     );
 }
 
+/// With no streaming slots, a slow reader keeps its running slot, but only until the deadline.
 #[tokio::test]
 async fn slow_readers_hold_their_instance_no_longer_than_the_deadline() {
     let host = Host::start_on_with(
         &Store::Memory,
         &guest_path("guest"),
-        &[("MAX_INSTANCES", "2"), ("REQUEST_TIMEOUT_MS", "1000")],
+        &[
+            ("MAX_INSTANCES", "2"),
+            ("MAX_STREAMING", "0"),
+            ("REQUEST_TIMEOUT_MS", "1000"),
+        ],
     );
     create_many(&host, 20_000, 64, &"n".repeat(200)).await;
     // Both instance slots go to clients that ask for the list and never read it.

@@ -102,6 +102,7 @@ impl Fixture {
             request_timeout: Duration::from_secs(10),
             memory_bytes: 128 << 20,
             max_instances: 64,
+            max_streaming: 0,
         };
         let cache = ComponentCache::new(std::env::temp_dir().join("host-bench-cache"));
         let runtime = tokio.block_on(async { Runtime::new(cache, limits).unwrap() });

@@ -23,6 +23,9 @@ pub const DEFAULT_MAX_BODY_BYTES: usize = 1024 * 1024;
 pub const DEFAULT_GUEST_MEMORY_MB: u64 = 128;
 /// How many guest instances may run at once; more requests wait briefly, then get 503.
 pub const DEFAULT_MAX_INSTANCES: u32 = 64;
+/// How many instances that have sent their response head may stream its body beyond
+/// `--max-instances`: hundreds of clients that read slowly hold these, not the running slots.
+pub const DEFAULT_MAX_STREAMING: u32 = 512;
 /// How many users the store holds before creation answers 503.
 pub const DEFAULT_MAX_USERS: u64 = 1_000_000;
 /// How long a request's body may take to arrive, in milliseconds.
@@ -89,10 +92,16 @@ pub struct Config {
           value_parser = clap::value_parser!(u64).range(1..=4096))]
     pub guest_memory_mb: u64,
 
-    /// Most guest instances alive at once (one per request in flight).
+    /// Most guest instances working towards a response head at once.
     #[arg(long, env = "MAX_INSTANCES", default_value_t = DEFAULT_MAX_INSTANCES,
-          value_parser = clap::value_parser!(u32).range(1..=10_000))]
+          value_parser = clap::value_parser!(u32).range(1..=4096))]
     pub max_instances: u32,
+
+    /// Most guest instances, beyond --max-instances, that have sent their response head and
+    /// stream the rest of the body (to clients that may read slowly).
+    #[arg(long, env = "MAX_STREAMING", default_value_t = DEFAULT_MAX_STREAMING,
+          value_parser = clap::value_parser!(u32).range(0..=4096))]
+    pub max_streaming: u32,
 
     /// Most users the store holds; creating one more answers 503.
     #[arg(long, env = "MAX_USERS", default_value_t = DEFAULT_MAX_USERS)]
@@ -137,6 +146,7 @@ impl Config {
             request_timeout: std::time::Duration::from_millis(self.request_timeout_ms),
             memory_bytes: usize::try_from(self.guest_memory_mb << 20).unwrap_or(usize::MAX),
             max_instances: self.max_instances,
+            max_streaming: self.max_streaming,
         }
     }
 

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
-use tokio::sync::{Semaphore, oneshot};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, oneshot};
 use tracing::Instrument;
 use wasmtime::component::Linker;
 use wasmtime::{
@@ -30,8 +30,8 @@ pub struct Runtime {
     linker: Linker<RequestState>,
     cache: ComponentCache,
     limits: GuestLimits,
-    /// One permit per instance slot, shared by every guest this runtime loads.
-    slots: Arc<Semaphore>,
+    /// The instance slots, shared by every guest this runtime loads.
+    slots: InstanceSlots,
     /// Advances the engine's epoch, which drives deadlines and yields; stops when dropped.
     _ticker: EpochTicker,
 }
@@ -43,9 +43,49 @@ pub struct GuestLimits {
     pub request_timeout: Duration,
     /// Linear memory one instance may grow to.
     pub memory_bytes: usize,
-    /// Instances alive at once (a reload's health probe counts as one); the pooling allocator
-    /// reserves one spare slot beyond this.
+    /// Instances working towards their response head at once (a reload's health probe counts
+    /// as one).
     pub max_instances: u32,
+    /// Instances beyond those that have sent their head and stream the rest of the body, so
+    /// clients that read slowly do not hold the slots new requests need. The pooling allocator
+    /// reserves `max_instances + max_streaming` slots, plus one spare.
+    pub max_streaming: u32,
+}
+
+/// The two budgets of instance slots. Every live instance holds one permit of one of them.
+#[derive(Clone)]
+struct InstanceSlots {
+    /// Instances that have not yet sent their response head.
+    running: Arc<Semaphore>,
+    /// Instances streaming a body whose head has gone out.
+    streaming: Arc<Semaphore>,
+}
+
+/// The permit one instance holds: first for running, then, once its head is out, for streaming
+/// if one is free (else it keeps the running one to the end).
+type InstancePermit = Arc<std::sync::Mutex<OwnedSemaphorePermit>>;
+
+impl InstanceSlots {
+    /// Waits up to [`SLOT_WAIT`] for a running slot.
+    async fn acquire_running(&self) -> Result<InstancePermit, Error> {
+        let permit = tokio::time::timeout(SLOT_WAIT, Arc::clone(&self.running).acquire_owned())
+            .await
+            .map_err(|_| Error::Busy)?
+            .expect("the slot semaphores are never closed");
+        Ok(Arc::new(std::sync::Mutex::new(permit)))
+    }
+
+    /// Moves an instance whose head has gone out from the running budget to the streaming one,
+    /// freeing its running slot for a new request; a no-op when every streaming slot is taken.
+    fn start_streaming(&self, permit: &InstancePermit) {
+        if let Ok(streaming) = Arc::clone(&self.streaming).try_acquire_owned() {
+            let mut held = permit
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            // The running permit is released here, the instance counted under streaming.
+            *held = streaming;
+        }
+    }
 }
 
 /// How often the epoch advances: the granularity of deadlines, and how long a guest computes
@@ -84,7 +124,10 @@ impl Runtime {
         };
         link(&mut linker).map_err(|e| Error::Runtime(one_line(e)))?;
         let _ticker = EpochTicker::start(engine.clone());
-        let slots = Arc::new(Semaphore::new(limits.max_instances as usize));
+        let slots = InstanceSlots {
+            running: Arc::new(Semaphore::new(limits.max_instances as usize)),
+            streaming: Arc::new(Semaphore::new(limits.max_streaming as usize)),
+        };
         Ok(Runtime {
             engine,
             linker,
@@ -115,7 +158,7 @@ impl Runtime {
         let guest = Guest {
             pre,
             limits: self.limits,
-            slots: Arc::clone(&self.slots),
+            slots: self.slots.clone(),
         };
         Ok((guest, outcome))
     }
@@ -124,9 +167,10 @@ impl Runtime {
 /// Epoch interruption (deadlines and yields) and a pooling allocator sized by `limits`: slots
 /// are reserved once, so instantiating per request costs no `mmap`.
 fn engine_config(limits: &GuestLimits) -> wasmtime::Config {
-    let slots = limits.max_instances + 1;
+    let slots = limits.max_instances + limits.max_streaming + 1;
     let mut pool = PoolingAllocationConfig::default();
     pool.total_component_instances(slots)
+        .total_stacks(slots)
         .total_core_instances(slots * CORE_INSTANCES_PER_COMPONENT)
         .max_core_instances_per_component(CORE_INSTANCES_PER_COMPONENT)
         .total_memories(slots * MEMORIES_PER_COMPONENT)
@@ -202,7 +246,7 @@ impl std::error::Error for DeadlineExceeded {}
 pub struct Guest {
     pre: ServicePre<RequestState>,
     limits: GuestLimits,
-    slots: Arc<Semaphore>,
+    slots: InstanceSlots,
 }
 
 impl Guest {
@@ -217,10 +261,7 @@ impl Guest {
         state: RequestState,
         request: http::Request<Full<Bytes>>,
     ) -> Result<http::Response<ResponseBody>, Error> {
-        let slot = tokio::time::timeout(SLOT_WAIT, Arc::clone(&self.slots).acquire_owned())
-            .await
-            .map_err(|_| Error::Busy)?
-            .expect("the slot semaphore is never closed");
+        let permit = self.slots.acquire_running().await?;
         let mut store = Store::new(self.pre.engine(), state);
         store.data_mut().limits = StoreLimitsBuilder::new()
             .memory_size(self.limits.memory_bytes)
@@ -252,11 +293,12 @@ impl Guest {
         // A guest blocked in a host call (a client that does not read its body, a slow store)
         // cannot be interrupted by epochs: this is the backstop, for the whole exchange.
         let backstop = self.limits.request_timeout + Duration::from_secs(1);
+        let instance_permit = Arc::clone(&permit);
         let task = tokio::spawn(
             async move {
                 // Locals drop in reverse order: the store (and its pool slot) before the permit,
                 // so a request that gets the permit always finds a free pool slot.
-                let _slot = slot;
+                let _permit = instance_permit;
                 let mut store = store;
                 let exchange = async {
                     let started = Instant::now();
@@ -280,7 +322,10 @@ impl Guest {
             return Err(Error::Timeout);
         };
         match answer {
-            Ok(Ok(response)) => Ok(response.map(|body| GuestBody::new(body, task).boxed_unsync())),
+            Ok(Ok(response)) => {
+                self.slots.start_streaming(&permit);
+                Ok(response.map(|body| GuestBody::new(body, task).boxed_unsync()))
+            }
             Ok(Err(code)) => Err(Error::GuestFailed(format!(
                 "guest answered with error {code:?}"
             ))),

@@ -3,6 +3,7 @@
 #![allow(dead_code)] // Each test file uses its own part of this module.
 
 pub mod jaeger;
+pub mod lists;
 pub mod postgres;
 pub mod prometheus;
 
@@ -41,6 +42,7 @@ const CONFIG_VARS: &[&str] = &[
     "MAX_CONNECTIONS",
     "MAX_USERS",
     "MAX_INSTANCES",
+    "MAX_STREAMING",
 ];
 
 /// The user store a test's host runs on.
