@@ -399,6 +399,21 @@ async fn unknown_and_huge_methods_are_recorded_as_other_and_cut_short() {
         assert!(original.len() <= 32, "{original}");
     }
     assert_eq!(refused[0]["http.request.method_original"], "BREW");
+    // Both are one `_OTHER` label in the metrics; neither method appears there.
+    let metrics = client()
+        .get(host.url("/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics
+            .contains(r#"http_requests_total{method="_OTHER",route="/api/health",status="405"} 2"#),
+        "{metrics}"
+    );
+    assert!(!metrics.contains("BREW") && !metrics.contains("XXXX"));
     // A standard method is itself, and has no original.
     get(&host, "/api/health").await;
     let health = host.wait_for_log(|line| line["message"] == "health check");

@@ -260,10 +260,10 @@ impl Default for Metrics {
 /// The content type of [`Metrics::render`]'s output.
 pub const CONTENT_TYPE: &str = prometheus::TEXT_FORMAT;
 
-/// Standard methods by name; any other method is one `OTHER` label, so clients cannot grow the
-/// label set.
+/// Standard methods by name; any other method is one `_OTHER` label (as on spans and log
+/// lines), so clients cannot grow the label set.
 fn method_label(method: &http::Method) -> &'static str {
-    crate::instrument::standard_method(method).unwrap_or("OTHER")
+    crate::instrument::standard_method(method).unwrap_or(crate::instrument::OTHER_METHOD)
 }
 
 #[cfg(test)]
@@ -302,7 +302,7 @@ mod tests {
         metrics.observe_request(&custom, UNMATCHED_ROUTE, 404, Duration::ZERO);
         assert!(
             metrics.render(Some(0)).contains(
-                r#"http_requests_total{method="OTHER",route="unmatched",status="404"} 1"#
+                r#"http_requests_total{method="_OTHER",route="unmatched",status="404"} 1"#
             )
         );
     }
