@@ -9,6 +9,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
+use support::jaeger::Agent;
 use support::{Host, client, guest_path};
 
 const REAL_VERSION: &str = "0.1.0";
@@ -163,6 +164,237 @@ async fn garbage_another_world_and_a_failing_guest_are_rejected_while_the_old_gu
     );
     assert_eq!(reloads(&host, "failure").await, 3.0);
     assert_eq!(reloads(&host, "success").await, 0.0);
+}
+
+/// Waits until `count` lines with `message` have been logged, or panics after 20 s.
+async fn wait_for_lines(host: &Host, message: &str, count: usize) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while count_lines(host, message) < count {
+        assert!(
+            Instant::now() < deadline,
+            "never logged {count} x {message:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test]
+async fn the_probe_path_is_a_flag_and_off_swaps_in_a_guest_unprobed() {
+    // Probed on a path the real guest answers 404: even the real guest is refused.
+    let live = live_guest();
+    let host = Host::start_with(&live, &[("GUEST_PROBE_PATH", "/api/nope?x=1")]);
+    host.signal("HUP");
+    wait_for_lines(
+        &host,
+        "guest reload rejected; the running guest keeps serving",
+        1,
+    )
+    .await;
+    let rejected = host.wait_for_log(|line| line["level"] == "ERROR");
+    assert!(
+        rejected["error"]
+            .as_str()
+            .is_some_and(|why| why.contains("/api/nope?x=1") && why.contains("404")),
+        "{rejected}"
+    );
+    // Probing off: a guest that fails every request is swapped in all the same.
+    let live = live_guest();
+    let host = Host::start_with(&live, &[("GUEST_PROBE_PATH", "off")]);
+    replace_by_rename(&live, &guest_path("panicking-guest"));
+    host.signal("HUP");
+    wait_for_lines(&host, "guest reloaded", 1).await;
+    assert_eq!(health(&host).await.0, 500);
+    assert_eq!(reloads(&host, "success").await, 1.0);
+}
+
+#[test]
+fn a_probe_path_that_is_not_a_path_is_refused_at_start() {
+    for bad in ["api/health", "/a b", ""] {
+        let output = std::process::Command::new(env!("CARGO_BIN_EXE_host"))
+            .args(["--probe-path", bad, "--port", "0"])
+            .output()
+            .unwrap();
+        assert!(!output.status.success(), "{bad:?} was accepted");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(stderr.contains("--probe-path"), "{bad:?}: {stderr}");
+    }
+}
+
+/// Sends `method path` with `body` and request id `request_id`; the status and JSON body.
+async fn send(
+    host: &Host,
+    method: &str,
+    path: &str,
+    body: Vec<u8>,
+    request_id: &str,
+) -> (u16, Value) {
+    let response = client()
+        .request(method.parse().unwrap(), host.url(path))
+        .header("x-request-id", request_id)
+        .body(body)
+        .send()
+        .await
+        .unwrap();
+    let status = response.status().as_u16();
+    (status, response.json().await.unwrap_or(Value::Null))
+}
+
+#[tokio::test]
+async fn a_guest_with_routes_the_host_never_heard_of_is_labelled_and_limited_by_them() {
+    let mut agent = Agent::start();
+    let port = agent.port.to_string();
+    let live = live_guest();
+    let host = Host::start_with(
+        &live,
+        &[
+            ("MAX_BODY_BYTES", "1024"),
+            ("OTEL_EXPORTER_JAEGER_AGENT_HOST", "127.0.0.1"),
+            ("OTEL_EXPORTER_JAEGER_AGENT_PORT", &port),
+            ("OTEL_BSP_SCHEDULE_DELAY", "100"),
+        ],
+    );
+    replace_by_rename(&live, &guest_path("orders-guest"));
+    host.signal("HUP");
+    wait_for_version(&host, "3.0.0").await;
+
+    let small = b"hello".to_vec();
+    let large = vec![b'x'; 2048];
+    assert_eq!(
+        send(&host, "PUT", "/api/orders/42", small.clone(), "put-small").await,
+        (200, json!({"id": "42", "bytes": 5}))
+    );
+    // Over the limit: the guest reads the body, so the host answers 413.
+    assert_eq!(
+        send(&host, "PUT", "/api/orders/42", large.clone(), "put-large").await,
+        (413, json!({"error": "Request body too large"}))
+    );
+    // A method the guest does not answer, and an unknown path: the guest answers without
+    // reading, so its 405 and 404 come first even with a body over the limit.
+    assert_eq!(
+        send(&host, "POST", "/api/orders/42", large.clone(), "post-large")
+            .await
+            .0,
+        405
+    );
+    assert_eq!(
+        send(&host, "GET", "/api/users", large, "old-route").await.0,
+        404
+    );
+    let samples = support::prometheus::scrape(&host).await;
+    let requests = |method: &str, route: &str, status: &str| {
+        support::prometheus::value(
+            &samples,
+            "http_requests_total",
+            &[("method", method), ("route", route), ("status", status)],
+        )
+    };
+    assert_eq!(requests("PUT", "/api/orders/{id}", "200"), 1.0);
+    assert_eq!(requests("PUT", "/api/orders/{id}", "413"), 1.0);
+    assert_eq!(requests("POST", "/api/orders/{id}", "405"), 1.0);
+    assert_eq!(requests("GET", "unmatched", "404"), 1.0);
+    assert!(
+        samples
+            .iter()
+            .all(|sample| !sample.labels.values().any(|value| value.contains("/42"))),
+        "a raw path reached a label"
+    );
+    let spans = agent.wait_for(|spans| {
+        spans
+            .iter()
+            .any(|span| span.str_tag("request_id") == Some("old-route"))
+    });
+    let server_span = |request_id: &str| {
+        spans
+            .iter()
+            .find(|span| {
+                span.str_tag("span.kind") == Some("server")
+                    && span.str_tag("request_id") == Some(request_id)
+            })
+            .unwrap_or_else(|| panic!("no server span for {request_id}"))
+            .clone()
+    };
+    let put = server_span("put-small");
+    assert_eq!(put.operation_name, "HTTP PUT /api/orders/{id}");
+    assert_eq!(put.str_tag("http.route"), Some("/api/orders/{id}"));
+    assert_eq!(put.str_tag("url.path"), Some("/api/orders/42"));
+    assert_eq!(
+        server_span("put-large").long_tag("http.response.status_code"),
+        Some(413)
+    );
+    assert_eq!(
+        server_span("old-route").operation_name,
+        "HTTP GET unmatched"
+    );
+
+    // The real guest back: its API and its labels again, the orders gone; no restart.
+    replace_by_rename(&live, &guest_path("guest"));
+    host.signal("HUP");
+    wait_for_version(&host, REAL_VERSION).await;
+    assert_eq!(
+        send(&host, "PUT", "/api/orders/42", Vec::new(), "orders-gone")
+            .await
+            .0,
+        404
+    );
+    let (status, _) = send(&host, "GET", "/api/users/nobody", Vec::new(), "lookup").await;
+    assert_eq!(status, 404);
+    let samples = support::prometheus::scrape(&host).await;
+    assert_eq!(
+        support::prometheus::value(
+            &samples,
+            "http_requests_total",
+            &[
+                ("method", "GET"),
+                ("route", "/api/users/{id}"),
+                ("status", "404")
+            ],
+        ),
+        1.0
+    );
+    assert_eq!(
+        support::prometheus::value(&samples, "user_lookups_total", &[("result", "failure")]),
+        1.0
+    );
+}
+
+#[tokio::test]
+async fn a_guest_naming_a_template_per_request_gets_64_labels_then_other() {
+    let host = Host::start_with(&guest_path("orders-guest"), &[]);
+    for n in 0..80 {
+        let (status, _) = send(&host, "GET", &format!("/api/many/{n}"), Vec::new(), "many").await;
+        assert_eq!(status, 200);
+    }
+    let samples = support::prometheus::scrape(&host).await;
+    let labelled: Vec<&str> = samples
+        .iter()
+        .filter(|sample| sample.name == "http_requests_total")
+        .filter_map(|sample| sample.labels.get("route").map(String::as_str))
+        .filter(|route| route.starts_with("/api/many/"))
+        .collect();
+    assert_eq!(labelled.len(), 64, "{labelled:?}");
+    assert_eq!(
+        support::prometheus::value(
+            &samples,
+            "http_requests_total",
+            &[("method", "GET"), ("route", "_OTHER"), ("status", "200")],
+        ),
+        16.0
+    );
+    assert_eq!(
+        support::prometheus::value(
+            &samples,
+            "guest_telemetry_dropped_total",
+            &[("signal", "route")]
+        ),
+        16.0
+    );
+    let warnings = host.log_lines_where(|line| {
+        line["level"] == "WARN"
+            && line["message"]
+                .as_str()
+                .is_some_and(|m| m.contains("route"))
+    });
+    assert_eq!(warnings.len(), 1, "said once per guest: {warnings:#?}");
 }
 
 #[tokio::test]

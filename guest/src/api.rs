@@ -22,8 +22,15 @@ pub struct Request<'a> {
     pub target: &'a str,
     /// The `Content-Type` header, if any.
     pub content_type: Option<&'a str>,
-    /// The whole body (the host has already bounded its size).
+    /// The whole body (the host has already bounded its size); empty unless the request
+    /// [`reaches_endpoint`].
     pub body: &'a [u8],
+}
+
+/// Whether a request reaches an endpoint (its path is known and allows its method), and so
+/// whether its body is read: 404 and 405 are answered without reading it.
+pub fn reaches_endpoint(method: &str, target: &str) -> bool {
+    Route::from_path(target).is_some_and(|route| route.allows(method))
 }
 
 /// Answers one request through `responder`. Checks run in the contract's order: unknown path
@@ -34,7 +41,7 @@ pub fn handle(
     ports: &Ports<'_, impl UserStore, impl Clock, impl Telemetry>,
     responder: impl Responder,
 ) {
-    match endpoint(request) {
+    match endpoint(request, ports.telemetry) {
         Ok(Route::Users) if request.method != "POST" => {
             list_users(request.method, ports, responder);
         }
@@ -43,6 +50,16 @@ pub fn handle(
             .send(responder),
         Err(error) => Response::from(error).send(responder),
     }
+}
+
+/// Answers a request that reaches an endpoint but whose body could not be read (the client broke
+/// it, or it is over the host's limit): 400, under the endpoint's route. The host turns it into
+/// a 413 when the body was over its limit.
+pub fn unreadable_body(target: &str, telemetry: &impl Telemetry, responder: impl Responder) {
+    if let Some(route) = Route::from_path(target) {
+        telemetry.set_route(route.template());
+    }
+    Response::from(ApiError::UnreadableBody).send(responder);
 }
 
 /// What the logic reaches outside itself: the user store, a clock and telemetry.
@@ -55,9 +72,11 @@ pub struct Ports<'a, S, C, T> {
     pub telemetry: &'a T,
 }
 
-/// The route of a request whose path exists and whose method that path allows.
-fn endpoint<'a>(request: &Request<'a>) -> Result<Route<'a>, ApiError> {
+/// The route of a request whose path exists and whose method that path allows. A known path
+/// names its template to the host, whatever the method.
+fn endpoint<'a>(request: &Request<'a>, telemetry: &impl Telemetry) -> Result<Route<'a>, ApiError> {
     let route = Route::from_path(request.target).ok_or(ApiError::NotFound)?;
+    telemetry.set_route(route.template());
     if !route.allows(request.method) {
         return Err(ApiError::MethodNotAllowed(route.allowed_methods()));
     }
@@ -172,13 +191,15 @@ fn get_user<S: UserStore, C: Clock, T: Telemetry>(
         "looking up user",
         std::slice::from_ref(&id_attribute),
     );
-    let found = match id {
-        Some(id) => ports.store.get(&id).map_err(|Unavailable| {
+    // Every lookup asks the store, which counts hits and misses: one that is not a UUID finds
+    // nothing there.
+    let found = ports
+        .store
+        .get(id.as_deref().unwrap_or(segment))
+        .map_err(|Unavailable| {
             log_store_failure(ports.telemetry, "looking up a user");
             ApiError::StoreUnavailable
-        })?,
-        None => None,
-    };
+        })?;
     match found {
         Some(user) => Ok(Response::json(200, &user)),
         None => {
@@ -455,10 +476,11 @@ mod tests {
         }
     }
 
-    /// Records every span and log event the logic reports.
+    /// Records every span and log event the logic reports, and the routes it names.
     #[derive(Default)]
     struct RecordingTelemetry {
         events: RefCell<Vec<String>>,
+        routes: RefCell<Vec<&'static str>>,
     }
 
     struct RecordedSpan<'a> {
@@ -481,6 +503,9 @@ mod tests {
             self.events
                 .borrow_mut()
                 .push(format!("{level:?} {message} {attributes:?}"));
+        }
+        fn set_route(&self, template: &'static str) {
+            self.routes.borrow_mut().push(template);
         }
     }
 
@@ -541,6 +566,51 @@ mod tests {
             Collector(&collected),
         );
         (collected.into_inner(), telemetry.events.take())
+    }
+
+    /// The routes a request names to the host.
+    fn routes_named(request: &Request<'_>) -> Vec<&'static str> {
+        let telemetry = RecordingTelemetry::default();
+        handle(
+            request,
+            &Ports {
+                store: &FakeStore::new(),
+                clock: &clock(),
+                telemetry: &&telemetry,
+            },
+            Collector(&RefCell::new(Collected::default())),
+        );
+        telemetry.routes.take()
+    }
+
+    #[test]
+    fn a_known_path_names_its_template_whatever_the_method() {
+        assert_eq!(routes_named(&get("/api/health")), ["/api/health"]);
+        assert_eq!(routes_named(&get("/api/users/abc?x")), ["/api/users/{id}"]);
+        assert_eq!(routes_named(&post("/api/compute", "{}")), ["/api/compute"]);
+        assert_eq!(routes_named(&post("/api/health", "")), ["/api/health"]);
+    }
+
+    #[test]
+    fn an_unknown_path_names_no_route() {
+        assert!(routes_named(&get("/api/nope")).is_empty());
+    }
+
+    #[test]
+    fn an_unreadable_body_is_a_400_under_the_endpoints_route() {
+        let telemetry = RecordingTelemetry::default();
+        let collected = RefCell::new(Collected::default());
+        unreadable_body("/api/users?x", &&telemetry, Collector(&collected));
+        assert_eq!(collected.into_inner().head.unwrap().status, 400);
+        assert_eq!(telemetry.routes.take(), ["/api/users"]);
+    }
+
+    #[test]
+    fn only_a_request_that_reaches_an_endpoint_has_its_body_read() {
+        assert!(reaches_endpoint("POST", "/api/users"));
+        assert!(reaches_endpoint("GET", "/api/health?x=1"));
+        assert!(!reaches_endpoint("POST", "/api/health"));
+        assert!(!reaches_endpoint("POST", "/api/nope"));
     }
 
     fn post(target: &str, body: &str) -> Request<'static> {

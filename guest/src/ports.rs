@@ -93,6 +93,9 @@ pub trait Telemetry {
     fn span(&self, name: &'static str, attributes: &[Attribute]) -> Self::Span;
     /// Writes a log event inside the innermost open span.
     fn log(&self, level: Level, message: &str, attributes: &[Attribute]);
+    /// Names the route template the request matched, e.g. `/api/users/{id}`, so the host labels
+    /// its span and metrics with it.
+    fn set_route(&self, template: &'static str);
 }
 
 /// An open span.

@@ -28,6 +28,16 @@ impl Route<'_> {
         }
     }
 
+    /// The route's template, as the host labels requests with it.
+    pub fn template(self) -> &'static str {
+        match self {
+            Route::Health => "/api/health",
+            Route::Users => "/api/users",
+            Route::User(_) => "/api/users/{id}",
+            Route::Compute => "/api/compute",
+        }
+    }
+
     /// The methods this route answers, as listed in a 405's `Allow` header.
     ///
     /// `HEAD` is answered wherever `GET` is, like `GET` without a body.
@@ -55,6 +65,14 @@ mod tests {
         assert_eq!(Route::from_path("/api/users"), Some(Route::Users));
         assert_eq!(Route::from_path("/api/compute"), Some(Route::Compute));
         assert_eq!(Route::from_path("/api/users/abc"), Some(Route::User("abc")));
+    }
+
+    #[test]
+    fn every_route_has_its_template() {
+        assert_eq!(Route::Health.template(), "/api/health");
+        assert_eq!(Route::Users.template(), "/api/users");
+        assert_eq!(Route::User("abc").template(), "/api/users/{id}");
+        assert_eq!(Route::Compute.template(), "/api/compute");
     }
 
     #[test]

@@ -11,9 +11,8 @@ use wasi::http::types::{
 use wasi::io::streams::OutputStream;
 
 use crate::api;
-use crate::error::ApiError;
 use crate::ports::{self, Attribute, Clock, CreateError, Level, Unavailable, User, UserStore};
-use crate::response::{BodyWriter, ClientGone, Responder, Response};
+use crate::response::{BodyWriter, ClientGone, Responder};
 
 wit_bindgen::generate!({
     path: "../wit",
@@ -51,8 +50,15 @@ impl exports::wasi::http::incoming_handler::Guest for Component {
             .next()
             .map(|value| String::from_utf8_lossy(&value).into_owned());
         let responder = WasiResponder(response_out);
-        let Some(body) = read_body(request) else {
-            return Response::from(ApiError::UnreadableBody).send(responder);
+        // Only a request that reaches an endpoint has its body read: the host answers 413 for
+        // a body over its limit only when the guest reads it.
+        let body = if api::reaches_endpoint(&method, &target) {
+            match read_body(request) {
+                Some(body) => body,
+                None => return api::unreadable_body(&target, &HostTelemetry, responder),
+            }
+        } else {
+            Vec::new()
         };
         let request = api::Request {
             method: &method,
@@ -220,6 +226,10 @@ impl ports::Telemetry for HostTelemetry {
             Level::Error => telemetry::Level::Error,
         };
         telemetry::log(level, message, &to_wit(attributes));
+    }
+
+    fn set_route(&self, template: &'static str) {
+        telemetry::set_route(template);
     }
 }
 

@@ -15,9 +15,10 @@ use bytes::Bytes;
 use criterion::{Criterion, criterion_group};
 use host::cache::ComponentCache;
 use host::guest::{Guest, GuestLimits, Runtime};
+use host::request_body::GuestRequestBody;
 use host::request_state::RequestState;
 use host::user_store::UserStore;
-use http_body_util::{BodyExt, Full};
+use http_body_util::BodyExt;
 
 fn component(file_name: &str) -> PathBuf {
     let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
@@ -39,7 +40,11 @@ fn load(runtime: &Runtime, file_name: &str) -> Guest {
         .0
 }
 
-async fn call(guest: &Guest, users: &Arc<UserStore>, request: http::Request<Full<Bytes>>) -> Bytes {
+async fn call(
+    guest: &Guest,
+    users: &Arc<UserStore>,
+    request: http::Request<GuestRequestBody>,
+) -> Bytes {
     let state = RequestState::quiet(Arc::clone(users));
     let response = guest
         .handle(state, request)
@@ -53,18 +58,20 @@ async fn call(guest: &Guest, users: &Arc<UserStore>, request: http::Request<Full
         .to_bytes()
 }
 
-fn health() -> http::Request<Full<Bytes>> {
+fn health() -> http::Request<GuestRequestBody> {
     http::Request::get("/api/health")
         .header("host", "bench")
-        .body(Full::default())
+        .body(GuestRequestBody::complete(Bytes::new()))
         .unwrap()
 }
 
-fn compute(n: u32) -> http::Request<Full<Bytes>> {
+fn compute(n: u32) -> http::Request<GuestRequestBody> {
     http::Request::post("/api/compute")
         .header("host", "bench")
         .header("content-type", "application/json")
-        .body(Full::new(Bytes::from(format!(r#"{{"n":{n}}}"#))))
+        .body(GuestRequestBody::complete(Bytes::from(format!(
+            r#"{{"n":{n}}}"#
+        ))))
         .unwrap()
 }
 

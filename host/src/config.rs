@@ -8,6 +8,7 @@ use clap::Parser;
 use clap::builder::BoolishValueParser;
 
 use crate::error::Error;
+use crate::guest::ProbePath;
 use crate::user_store::StoreChoice;
 use crate::user_store::postgres::PostgresSettings;
 
@@ -44,6 +45,8 @@ pub const DEFAULT_STORE_CONNECT_TIMEOUT_SECS: u64 = 10;
 pub const DEFAULT_STORE_CACHE_MB: u64 = 16;
 /// The longest one store call may take; shorter when the request deadline is short.
 pub const MAX_STORE_CALL_TIMEOUT: Duration = Duration::from_secs(5);
+/// The path a new guest is probed on unless `--probe-path` says otherwise.
+pub const DEFAULT_PROBE_PATH: &str = "/api/health";
 /// Where the JSON log lines are appended, relative to the working directory.
 pub const DEFAULT_LOG_FILE: &str = "logs/app.log";
 
@@ -130,6 +133,11 @@ pub struct Config {
           value_parser = clap::value_parser!(u64).range(0..=3600))]
     pub store_connect_timeout_secs: u64,
 
+    /// Path a new guest must answer 200 to (`GET`) before it serves, at start and on every
+    /// reload; `off` loads a guest unprobed (say, one that has no such path).
+    #[arg(long, env = "GUEST_PROBE_PATH", default_value = DEFAULT_PROBE_PATH, value_parser = probe_path)]
+    pub probe_path: ProbePath,
+
     /// Directory of compiled guest components, so a guest compiled before loads at once.
     #[arg(long, env = "GUEST_CACHE_DIR", default_value_os_t = default_cache_dir())]
     pub cache_dir: PathBuf,
@@ -200,6 +208,19 @@ impl Config {
     pub fn listen_addr(&self) -> SocketAddr {
         SocketAddr::new(self.bind, self.port)
     }
+}
+
+fn probe_path(value: &str) -> Result<ProbePath, String> {
+    if value == "off" {
+        return Ok(ProbePath::Off);
+    }
+    if !value.starts_with('/') || value.len() > 1024 {
+        return Err("expected `off` or a path starting with `/` (at most 1,024 bytes)".to_string());
+    }
+    value
+        .parse()
+        .map(ProbePath::Get)
+        .map_err(|error| format!("not a valid path: {error}"))
 }
 
 /// The raw `--store` setting. Its `Debug` hides it: a URL may hold a password.

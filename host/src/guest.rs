@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use http_body_util::{BodyExt, Full};
+use http_body_util::BodyExt;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, oneshot};
 use tracing::Instrument;
 use wasmtime::component::Linker;
@@ -20,8 +20,10 @@ use wasmtime_wasi_http::p2::bindings::http::types::Scheme;
 use crate::bindings::ServicePre;
 use crate::cache::{CacheOutcome, ComponentCache};
 use crate::error::{Error, one_line};
+use crate::request_body::GuestRequestBody;
 use crate::request_state::RequestState;
 use crate::responses::ResponseBody;
+use crate::routes::RouteTemplates;
 use crate::user_store::UserStore;
 
 /// The wasm engine and the linker that provides the guest's imports. Built once per process.
@@ -159,6 +161,7 @@ impl Runtime {
             pre,
             limits: self.limits,
             slots: self.slots.clone(),
+            route_templates: Arc::default(),
         };
         Ok((guest, outcome))
     }
@@ -241,12 +244,26 @@ impl std::fmt::Display for DeadlineExceeded {
 
 impl std::error::Error for DeadlineExceeded {}
 
+/// Where a new guest is probed before it serves: a path of its own, or nowhere.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ProbePath {
+    /// `GET` this path (and query) and expect a 200.
+    Get(http::uri::PathAndQuery),
+    /// Load the guest without probing it.
+    Off,
+}
+
+/// The most of a probe's response body that is read.
+const MAX_PROBE_BODY_BYTES: usize = 64 * 1024;
+
 /// A loaded guest, ready to be instantiated.
 #[derive(Clone)]
 pub struct Guest {
     pre: ServicePre<RequestState>,
     limits: GuestLimits,
     slots: InstanceSlots,
+    /// The route templates this guest has named, each labelled (a bounded set per guest).
+    route_templates: Arc<RouteTemplates>,
 }
 
 impl Guest {
@@ -259,9 +276,11 @@ impl Guest {
     pub async fn handle(
         &self,
         state: RequestState,
-        request: http::Request<Full<Bytes>>,
+        request: http::Request<GuestRequestBody>,
     ) -> Result<http::Response<ResponseBody>, Error> {
         let permit = self.slots.acquire_running().await?;
+        let mut state = state;
+        state.route_templates = Arc::clone(&self.route_templates);
         let mut store = Store::new(self.pre.engine(), state);
         store.data_mut().limits = StoreLimitsBuilder::new()
             .memory_size(self.limits.memory_bytes)
@@ -339,27 +358,30 @@ impl Guest {
         }
     }
 
-    /// Sends one `GET /api/health` through a fresh instance, with telemetry off and an empty
-    /// store of its own, and returns the reported `version` (`unknown` when the 200's body has
-    /// none). Anything but a 200 within [`PROBE_TIMEOUT`] is an error.
-    pub async fn probe_version(&self) -> Result<String, Error> {
+    /// Sends one `GET` of the probe path through a fresh instance, with telemetry off and an
+    /// empty store of its own, and returns the reported `version` (`unknown` when the 200's body
+    /// is not JSON with one, or when probing is off). Anything but a 200 within
+    /// [`PROBE_TIMEOUT`] is an error.
+    pub async fn probe_version(&self, path: &ProbePath) -> Result<String, Error> {
+        let ProbePath::Get(path) = path else {
+            return Ok("unknown".to_string());
+        };
         let probe = async {
-            let request = http::Request::get("/api/health")
+            let request = http::Request::get(path.as_str())
                 .header(http::header::HOST, "localhost")
-                .body(Full::new(Bytes::new()))
-                .expect("a static request is valid");
+                .body(GuestRequestBody::complete(Bytes::new()))
+                .expect("a parsed path makes a valid request");
             let state = RequestState::quiet(Arc::new(UserStore::memory(0)));
             let response = self.handle(state, request).await?;
             let status = response.status();
-            let body = response
-                .into_body()
+            let body = http_body_util::Limited::new(response.into_body(), MAX_PROBE_BODY_BYTES)
                 .collect()
                 .await
                 .map(|body| body.to_bytes())
                 .unwrap_or_default();
             if status != http::StatusCode::OK {
                 return Err(Error::GuestFailed(format!(
-                    "health probe answered {status}"
+                    "probe GET {path} answered {status}"
                 )));
             }
             let version = serde_json::from_slice::<serde_json::Value>(&body)
@@ -369,7 +391,7 @@ impl Guest {
         };
         tokio::time::timeout(PROBE_TIMEOUT, probe)
             .await
-            .map_err(|_| Error::GuestFailed("health probe timed out".to_string()))?
+            .map_err(|_| Error::GuestFailed(format!("probe GET {path} timed out")))?
     }
 }
 

@@ -182,11 +182,10 @@ fn jaeger_tracer() -> Result<opentelemetry_sdk::trace::Tracer, opentelemetry::tr
     Ok(tracer)
 }
 
-/// The server span of one request, named `HTTP <METHOD> <route>`, continuing the caller's trace
-/// when the request carries a W3C `traceparent`.
+/// The server span of one request, continuing the caller's trace when the request carries a
+/// W3C `traceparent`. Named `HTTP <METHOD>` until [`record_answer`] adds the route.
 pub fn request_span(
     method: &Method,
-    route: &str,
     path: &str,
     request_id: &str,
     headers: &HeaderMap,
@@ -194,21 +193,18 @@ pub fn request_span(
     let path = truncate(path, MAX_RECORDED_PATH);
     // Clients choose the method: only the standard ones become span names or attribute values,
     // so the set of names stays bounded and a 5,000-byte method is not logged whole.
-    let (method_name, method_original) = match standard_method(method) {
-        Some(standard) => (standard, None),
-        None => (
-            OTHER_METHOD,
-            Some(truncate(method.as_str(), MAX_RECORDED_METHOD)),
-        ),
-    };
+    let method_name = standard_method(method).unwrap_or(OTHER_METHOD);
+    let method_original = standard_method(method)
+        .is_none()
+        .then(|| truncate(method.as_str(), MAX_RECORDED_METHOD));
     let span = tracing::info_span!(
         "request",
-        otel.name = format!("HTTP {method_name} {route}"),
+        otel.name = format!("HTTP {method_name}"),
         otel.kind = "server",
         otel.status_code = Empty,
         http.request.method = method_name,
         http.request.method_original = method_original,
-        http.route = route,
+        http.route = Empty,
         url.path = path,
         http.response.status_code = Empty,
         request_id,
@@ -228,8 +224,12 @@ pub fn request_span(
     span
 }
 
-/// Records the response status on the request span; a 5xx marks the span as an error.
-pub fn record_status(span: &tracing::Span, status: u16) {
+/// Records the answer on the request span: its route (in the name, `HTTP <METHOD> <route>`, and
+/// in `http.route`) and its status; a 5xx marks the span as an error.
+pub fn record_answer(span: &tracing::Span, method: &Method, route: &str, status: u16) {
+    let method_name = standard_method(method).unwrap_or(OTHER_METHOD);
+    span.record("otel.name", format!("HTTP {method_name} {route}"));
+    span.record("http.route", route);
     // As an integer attribute: tracing-opentelemetry would record a `u16`'s u64 as text.
     span.record("http.response.status_code", i64::from(status));
     if status >= 500 {

@@ -8,7 +8,8 @@
 //! - [`error`]: the one error type;
 //! - [`guest`]: loading the component and running one request through a fresh instance;
 //! - [`cache`]: compiled components on disk, keyed by their bytes and the engine;
-//! - [`reload`]: swapping the guest on `SIGHUP` or file change, after a health probe;
+//! - [`reload`]: swapping the guest on `SIGHUP` or file change, after its probe;
+//! - [`request_body`]: the request body as the guest gets it, read within the limits;
 //! - [`request_state`]: what one request's wasm store holds, and what the guest may reach;
 //! - [`users`]: the `users` WIT interface, implemented on [`user_store::UserStore`];
 //! - [`telemetry`]: the `telemetry` WIT interface: the guest's spans and logs;
@@ -17,7 +18,7 @@
 //! - [`server`]: the accept loop and the per-request path (request ids, limits, errors);
 //! - [`stall`]: connections that give up on a client that stops reading;
 //! - [`metrics`]: every metric name, and the `/metrics` page;
-//! - [`routes`]: the API's route templates, as the host needs them for limits and labels;
+//! - [`routes`]: the route templates the guest names, a bounded set of labels per guest;
 //! - [`responses`]: the one place that builds the host's own responses.
 #![warn(missing_docs)]
 
@@ -30,6 +31,7 @@ pub mod instrument;
 pub mod logs;
 pub mod metrics;
 pub mod reload;
+pub mod request_body;
 pub mod request_state;
 pub mod responses;
 pub mod routes;

@@ -58,7 +58,7 @@ async fn run(config: Config) -> anyhow::Result<()> {
     // A guest that fails its health probe still starts (its requests get 500s); a reload of such
     // a guest is refused instead, since a working one is serving then.
     let version = guest
-        .probe_version()
+        .probe_version(&config.probe_path)
         .await
         .unwrap_or_else(|_| "unknown".to_string());
     tracing::info!(
@@ -84,6 +84,7 @@ async fn run(config: Config) -> anyhow::Result<()> {
         runtime,
         Arc::clone(&app),
         config.guest.clone(),
+        config.probe_path.clone(),
     ));
     Arc::clone(&reloader).reload_on_sighup();
     let _watcher = config

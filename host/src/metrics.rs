@@ -235,6 +235,13 @@ impl Metrics {
         }
     }
 
+    /// Counts one route a guest named that was labelled `_OTHER`.
+    pub fn observe_folded_route(&self) {
+        self.guest_telemetry_dropped
+            .with_label_values(&["route"])
+            .inc();
+    }
+
     /// Every metric in the Prometheus text exposition format, with `users_stored` set to
     /// `users_stored` (read from the store at scrape time, so it is never stale). `None` (the
     /// store could not tell) keeps the last value.

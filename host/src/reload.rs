@@ -1,9 +1,10 @@
 //! Swapping the guest while the host runs: on `SIGHUP`, and on file change with `--watch`.
 //!
 //! A reload reads and compiles the new component on a blocking thread (off the request path),
-//! links and pre-instantiates it, sends it one `GET /api/health`, and only then swaps it in.
+//! links and pre-instantiates it, sends it one `GET` of the probe path (`/api/health` unless
+//! `--probe-path` says otherwise, or none), and only then swaps it in.
 //! Requests already running finish on the old guest; new ones get the new guest. A guest that
-//! cannot be read, compiled, linked or instantiated, or whose health probe is not a 200, is
+//! cannot be read, compiled, linked or instantiated, or whose probe is not a 200, is
 //! rejected: one error line says why, and the running guest keeps serving.
 
 use std::path::PathBuf;
@@ -14,7 +15,7 @@ use notify::{RecommendedWatcher, RecursiveMode, Watcher};
 
 use crate::cache::CacheOutcome;
 use crate::error::Error;
-use crate::guest::{Guest, Runtime};
+use crate::guest::{Guest, ProbePath, Runtime};
 use crate::server::{App, ServingGuest};
 
 /// How long the file must stay quiet before a change is reloaded: editors and `cargo` write,
@@ -26,17 +27,25 @@ pub struct Reloader {
     runtime: Arc<Runtime>,
     app: Arc<App>,
     path: PathBuf,
+    /// Where a new guest must answer 200 before it is swapped in.
+    probe_path: ProbePath,
     /// Reloads run one at a time, so two triggers cannot race to swap.
     one_at_a_time: tokio::sync::Mutex<()>,
 }
 
 impl Reloader {
-    /// A reloader of the component at `path` into `app`.
-    pub fn new(runtime: Arc<Runtime>, app: Arc<App>, path: PathBuf) -> Reloader {
+    /// A reloader of the component at `path` into `app`, probing new guests on `probe_path`.
+    pub fn new(
+        runtime: Arc<Runtime>,
+        app: Arc<App>,
+        path: PathBuf,
+        probe_path: ProbePath,
+    ) -> Reloader {
         Reloader {
             runtime,
             app,
             path,
+            probe_path,
             one_at_a_time: tokio::sync::Mutex::new(()),
         }
     }
@@ -79,7 +88,7 @@ impl Reloader {
         let (guest, cache) = tokio::task::spawn_blocking(move || runtime.load(&path))
             .await
             .map_err(|join_error| Error::Runtime(join_error.to_string()))??;
-        let version = guest.probe_version().await?;
+        let version = guest.probe_version(&self.probe_path).await?;
         Ok((guest, version, cache))
     }
 

@@ -13,6 +13,7 @@ use wasmtime_wasi_http::p2::bindings::http::types::ErrorCode;
 use wasmtime_wasi_http::{WasiHttpCtx, WasiHttpCtxView, WasiHttpHooks, WasiHttpView};
 
 use crate::metrics::Metrics;
+use crate::routes::{MatchedRoute, RouteTemplates};
 use crate::telemetry::GuestTelemetry;
 
 /// Resource handles one request's guest may hold at once (streams, fields, spans...): far more
@@ -34,6 +35,10 @@ pub struct RequestState {
     pub(crate) metrics: Option<Arc<Metrics>>,
     /// The request's server span: the parent of every span the guest opens.
     pub(crate) request_span: tracing::Span,
+    /// The route the guest names for this request, shared with the server that labels it.
+    pub(crate) matched_route: Arc<MatchedRoute>,
+    /// The templates the serving guest has named, set by [`crate::guest::Guest::handle`].
+    pub(crate) route_templates: Arc<RouteTemplates>,
     /// Store calls of this request that got a span (see `users::MAX_STORE_SPANS_PER_REQUEST`).
     pub(crate) store_spans: u32,
     /// The guest's open spans and what is left of its telemetry quotas.
@@ -46,11 +51,12 @@ pub struct RequestState {
 
 impl RequestState {
     /// A fresh state for one request, sharing the host's user store and metrics, inside
-    /// `request_span`.
+    /// `request_span`; the route its guest names goes to `matched_route`.
     pub fn new(
         users: Arc<UserStore>,
         metrics: Option<Arc<Metrics>>,
         request_span: tracing::Span,
+        matched_route: Arc<MatchedRoute>,
     ) -> RequestState {
         let wasi = WasiCtx::builder()
             .allow_tcp(false)
@@ -67,6 +73,8 @@ impl RequestState {
             users,
             metrics,
             request_span,
+            matched_route,
+            route_templates: Arc::default(),
             store_spans: 0,
             guest_telemetry: GuestTelemetry::default(),
             telemetry_enabled: true,
@@ -77,7 +85,7 @@ impl RequestState {
     /// A state for a request the host sends itself (a health probe): no span, no log lines,
     /// no metrics.
     pub fn quiet(users: Arc<UserStore>) -> RequestState {
-        let mut state = RequestState::new(users, None, tracing::Span::none());
+        let mut state = RequestState::new(users, None, tracing::Span::none(), Arc::default());
         state.telemetry_enabled = false;
         state
     }

@@ -1,65 +1,91 @@
-//! The API's route templates, as the host needs them.
-//!
-//! The guest owns routing; the host only needs to know which requests reach a real endpoint, to
-//! apply the body limit in the contract's order (404 and 405 come before 413), and to label
-//! metrics and spans with a bounded set of templates instead of raw paths.
+//! Route templates. The guest owns routing and names the template each request matched
+//! (`telemetry.set-route`); the host labels spans and metrics with it, a bounded set per guest.
+//! The host knows one route of its own, `/metrics`, and nothing of the guest's API.
 
-use http::Method;
+use std::collections::HashSet;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 
 /// The host's own metrics endpoint.
 pub const METRICS_PATH: &str = "/metrics";
-/// The template of a lookup by id, whose answers count as lookup successes and failures.
-pub const USER_BY_ID: &str = "/api/users/{id}";
+/// The route of a request whose guest named no template: an unknown path.
+pub const UNMATCHED: &str = "unmatched";
+/// The route of a request whose guest named a template past the per-guest cap, or not a
+/// template at all.
+pub const OTHER: &str = "_OTHER";
+/// Distinct templates labelled per loaded guest: far more than an API has, few enough that a
+/// guest naming a template per request cannot grow the metrics without bound.
+pub const MAX_TEMPLATES_PER_GUEST: usize = 64;
+/// The longest template labelled.
+pub const MAX_TEMPLATE_BYTES: usize = 128;
 
-/// A route template and the methods its endpoint answers.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Route {
-    /// The template, e.g. `/api/users/{id}`.
-    pub template: &'static str,
-    /// Methods answered; `HEAD` wherever `GET` is.
-    pub methods: &'static [Method],
+/// The templates one loaded guest has named so far.
+#[derive(Debug, Default)]
+pub struct RouteTemplates {
+    known: Mutex<HashSet<Arc<str>>>,
+    /// Whether a template was folded into [`OTHER`] yet: said once per guest.
+    folded_any: AtomicBool,
 }
 
-impl Route {
-    /// Whether this route answers `method`.
-    pub fn allows(&self, method: &Method) -> bool {
-        self.methods.contains(method)
+/// What a template the guest named becomes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Label {
+    /// The template itself, interned.
+    Template(Arc<str>),
+    /// [`OTHER`].
+    Folded {
+        /// Whether this is the first template this guest had folded.
+        first: bool,
+    },
+}
+
+impl RouteTemplates {
+    /// The label of `template`: itself when it is a valid template and one of the first
+    /// [`MAX_TEMPLATES_PER_GUEST`] this guest named, else folded into [`OTHER`].
+    pub fn label(&self, template: &str) -> Label {
+        if is_template(template) {
+            let mut known = self.known.lock().unwrap_or_else(PoisonError::into_inner);
+            if let Some(interned) = known.get(template) {
+                return Label::Template(Arc::clone(interned));
+            }
+            if known.len() < MAX_TEMPLATES_PER_GUEST {
+                let interned: Arc<str> = Arc::from(template);
+                known.insert(Arc::clone(&interned));
+                return Label::Template(interned);
+            }
+        }
+        Label::Folded {
+            first: !self.folded_any.swap(true, Ordering::Relaxed),
+        }
     }
 }
 
-const GET_OR_HEAD: &[Method] = &[Method::GET, Method::HEAD];
+/// A `/`-rooted path of printable ASCII (no spaces), short enough to be a label.
+fn is_template(template: &str) -> bool {
+    template.starts_with('/')
+        && template.len() <= MAX_TEMPLATE_BYTES
+        && template.bytes().all(|byte| byte.is_ascii_graphic())
+}
 
-/// Every route of the API, the host's `/metrics` included.
-pub const ROUTES: &[Route] = &[
-    Route {
-        template: "/api/health",
-        methods: GET_OR_HEAD,
-    },
-    Route {
-        template: "/api/users",
-        methods: &[Method::GET, Method::HEAD, Method::POST],
-    },
-    Route {
-        template: "/api/users/{id}",
-        methods: GET_OR_HEAD,
-    },
-    Route {
-        template: "/api/compute",
-        methods: &[Method::POST],
-    },
-    Route {
-        template: METRICS_PATH,
-        methods: GET_OR_HEAD,
-    },
-];
+/// The route one request matched, as its guest named it; shared by the request's store (which
+/// sets it) and the server (which labels the request with it).
+#[derive(Debug, Default)]
+pub struct MatchedRoute(Mutex<Option<Arc<str>>>);
 
-/// The route a request path (without its query) belongs to, if any.
-pub fn find(path: &str) -> Option<&'static Route> {
-    let template = match path.strip_prefix("/api/users/") {
-        Some(id) if !id.is_empty() && !id.contains('/') => USER_BY_ID,
-        _ => path,
-    };
-    ROUTES.iter().find(|route| route.template == template)
+impl MatchedRoute {
+    /// Records the request's route; the last one named wins.
+    pub fn set(&self, route: Arc<str>) {
+        *self.0.lock().unwrap_or_else(PoisonError::into_inner) = Some(route);
+    }
+
+    /// The route named so far, or [`UNMATCHED`].
+    pub fn get(&self) -> Arc<str> {
+        self.0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+            .unwrap_or_else(|| Arc::from(UNMATCHED))
+    }
 }
 
 #[cfg(test)]
@@ -67,36 +93,50 @@ mod tests {
     use super::*;
 
     #[test]
-    fn paths_map_to_their_templates() {
-        assert_eq!(find("/api/health").unwrap().template, "/api/health");
-        assert_eq!(find("/api/users").unwrap().template, "/api/users");
-        assert_eq!(find("/api/users/8d5e").unwrap().template, "/api/users/{id}");
-        assert_eq!(find("/api/compute").unwrap().template, "/api/compute");
-        assert_eq!(find("/metrics").unwrap().template, "/metrics");
+    fn a_template_is_its_own_label_and_interned_once() {
+        let templates = RouteTemplates::default();
+        let first = templates.label("/api/users/{id}");
+        assert_eq!(first, Label::Template(Arc::from("/api/users/{id}")));
+        let (Label::Template(a), Label::Template(b)) = (first, templates.label("/api/users/{id}"))
+        else {
+            panic!("not a template");
+        };
+        assert!(Arc::ptr_eq(&a, &b));
     }
 
     #[test]
-    fn unknown_paths_match_nothing() {
-        for path in [
-            "/",
-            "/api/users/",
-            "/api/users/a/b",
-            "/api/health/",
-            "/API/health",
-        ] {
-            assert_eq!(find(path).map(|route| route.template), None, "{path}");
+    fn templates_past_the_cap_are_folded_and_the_first_fold_is_flagged_once() {
+        let templates = RouteTemplates::default();
+        for i in 0..MAX_TEMPLATES_PER_GUEST {
+            assert!(matches!(
+                templates.label(&format!("/t/{i}")),
+                Label::Template(_)
+            ));
         }
+        assert_eq!(templates.label("/one/more"), Label::Folded { first: true });
+        assert_eq!(templates.label("/and/more"), Label::Folded { first: false });
+        // Those already known keep their label.
+        assert!(matches!(templates.label("/t/0"), Label::Template(_)));
     }
 
     #[test]
-    fn head_goes_wherever_get_goes() {
-        for route in ROUTES {
-            assert_eq!(
-                route.allows(&Method::GET),
-                route.allows(&Method::HEAD),
-                "{}",
-                route.template
+    fn what_is_not_a_template_is_folded() {
+        let templates = RouteTemplates::default();
+        let long = format!("/{}", "a".repeat(MAX_TEMPLATE_BYTES));
+        for bad in ["", "api/users", "/a b", "/tab\t", "/é", long.as_str()] {
+            assert!(
+                matches!(templates.label(bad), Label::Folded { .. }),
+                "{bad:?}"
             );
         }
+    }
+
+    #[test]
+    fn a_request_that_names_no_route_is_unmatched_and_the_last_named_wins() {
+        let matched = MatchedRoute::default();
+        assert_eq!(&*matched.get(), UNMATCHED);
+        matched.set(Arc::from("/a"));
+        matched.set(Arc::from("/b"));
+        assert_eq!(&*matched.get(), "/b");
     }
 }

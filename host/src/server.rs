@@ -1,17 +1,17 @@
 //! The accept loop and the per-request path.
 //!
-//! For every request the host, in order: gives it a request id, serves `/metrics` itself,
-//! bounds the body (413 before the guest runs), runs the guest in a fresh instance, turns a
-//! failed guest into a 500, and traces, logs and counts the answer. The guest decides everything else.
+//! For every request the host, in order: gives it a request id, serves `/metrics` itself, reads
+//! the body within its deadline and size limit, runs the guest in a fresh instance, answers 413
+//! if the guest read a body over the limit, turns a failed guest into a 500, and traces, logs and
+//! counts the answer under the route the guest named. The guest decides everything else.
 
 use std::convert::Infallible;
 use std::future::Future;
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, PoisonError, RwLock};
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
 use http::{HeaderMap, HeaderName, HeaderValue, Method, Request, Response, StatusCode, header};
-use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
 use hyper::body::Incoming;
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
@@ -24,10 +24,11 @@ use tracing::Instrument;
 use crate::error::Error;
 use crate::guest::Guest;
 use crate::instrument;
-use crate::metrics::{self, LookupResult, Metrics};
+use crate::metrics::{self, Metrics};
+use crate::request_body::{BodyError, GuestRequestBody, ReadBody, read_body};
 use crate::request_state::RequestState;
 use crate::responses::{self, ResponseBody};
-use crate::routes::{self, Route};
+use crate::routes::{self, MatchedRoute};
 use crate::stall::StallGuard;
 use crate::user_store::UserStore;
 
@@ -88,23 +89,22 @@ impl App {
         let started = Instant::now();
         let request_id = request_id(request.headers());
         let method = request.method().clone();
-        let route = routes::find(request.uri().path());
-        let route_label = route.map_or(metrics::UNMATCHED_ROUTE, |route| route.template);
         let span = instrument::request_span(
             &method,
-            route_label,
             request.uri().path(),
             request_id.to_str().unwrap_or_default(),
             request.headers(),
         );
+        let matched_route = Arc::new(MatchedRoute::default());
         let mut response = self
-            .respond(request, route, &request_id, &span)
+            .respond(request, &request_id, &span, &matched_route)
             .instrument(span.clone())
             .await;
         response.headers_mut().insert(REQUEST_ID, request_id);
 
         let status = response.status().as_u16();
-        instrument::record_status(&span, status);
+        let route = matched_route.get();
+        instrument::record_answer(&span, &method, &route, status);
         span.in_scope(|| {
             if status >= 500 {
                 tracing::error!(status, "request failed");
@@ -112,32 +112,26 @@ impl App {
                 tracing::warn!(status, "request refused");
             }
         });
-        if route_label == routes::USER_BY_ID && (method == Method::GET || method == Method::HEAD) {
-            match status {
-                200 => self.metrics.observe_lookup(LookupResult::Success),
-                404 => self.metrics.observe_lookup(LookupResult::Failure),
-                _ => {}
-            }
-        }
         self.metrics
-            .observe_request(&method, route_label, status, started.elapsed());
+            .observe_request(&method, &route, status, started.elapsed());
         response
     }
 
     async fn respond(
         &self,
         request: Request<Incoming>,
-        route: Option<&'static Route>,
         request_id: &HeaderValue,
         span: &tracing::Span,
+        matched_route: &Arc<MatchedRoute>,
     ) -> Response<ResponseBody> {
         if !has_valid_host(request.headers()) {
             return responses::error(StatusCode::BAD_REQUEST, responses::BAD_HOST);
         }
-        if let Some(route) = route.filter(|route| route.template == routes::METRICS_PATH) {
-            return self.metrics_page(request.method(), route).await;
+        if request.uri().path() == routes::METRICS_PATH {
+            matched_route.set(Arc::from(routes::METRICS_PATH));
+            span.record("http.route", routes::METRICS_PATH);
+            return self.metrics_page(request.method()).await;
         }
-        let reaches_endpoint = route.is_some_and(|route| route.allows(request.method()));
         let (mut parts, body) = request.into_parts();
         let reading = read_body(body, &parts.headers, self.limits.max_body_bytes);
         let read = tokio::time::timeout(self.limits.body_timeout, reading)
@@ -147,22 +141,17 @@ impl App {
             Ok(body) => body,
             Err(BodyError::TooSlow) => {
                 // The rest of the body may still come: the connection cannot carry another request.
-                let mut response =
-                    responses::error(StatusCode::REQUEST_TIMEOUT, responses::BODY_TOO_SLOW);
-                response
-                    .headers_mut()
-                    .insert(header::CONNECTION, HeaderValue::from_static("close"));
-                return response;
+                return closing(responses::error(
+                    StatusCode::REQUEST_TIMEOUT,
+                    responses::BODY_TOO_SLOW,
+                ));
             }
-            Err(BodyError::TooLarge) if reaches_endpoint => {
-                return responses::error(StatusCode::PAYLOAD_TOO_LARGE, responses::BODY_TOO_LARGE);
-            }
-            // 404 and 405 come before 413: the guest answers those without reading the body.
-            Err(BodyError::TooLarge) => Bytes::new(),
             Err(BodyError::Unreadable) => {
                 return responses::error(StatusCode::BAD_REQUEST, responses::UNREADABLE_BODY);
             }
         };
+        let left_unread = body == ReadBody::OverLimit;
+        let (body, over_limit_read) = GuestRequestBody::new(body);
         parts.headers.insert(REQUEST_ID, request_id.clone());
         let no_host = parts
             .headers
@@ -174,14 +163,15 @@ impl App {
                 .headers
                 .insert(header::HOST, HeaderValue::from_static("localhost"));
         }
-        let request = Request::from_parts(parts, Full::new(body));
+        let request = Request::from_parts(parts, body);
         let state = RequestState::new(
             Arc::clone(&self.users),
             Some(Arc::clone(&self.metrics)),
             span.clone(),
+            Arc::clone(matched_route),
         );
         let serving = self.serving_guest();
-        match serving.guest.handle(state, request).await {
+        let response = match serving.guest.handle(state, request).await {
             Ok(response) => response,
             Err(Error::Timeout) => {
                 tracing::error!("guest ran past the request deadline; answering 503");
@@ -195,7 +185,20 @@ impl App {
                 tracing::error!(%error, "guest failed; answering 500");
                 responses::error(StatusCode::INTERNAL_SERVER_ERROR, responses::INTERNAL_ERROR)
             }
+        };
+        if over_limit_read.load(Ordering::Acquire) {
+            // The guest reached an endpoint and read the body: whatever it made of the failed
+            // read, the answer is the host's.
+            return closing(responses::error(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                responses::BODY_TOO_LARGE,
+            ));
         }
+        if left_unread {
+            // The unread rest of the body is still on the connection.
+            return closing(response);
+        }
+        response
     }
 
     /// The guest serving new requests, and its version.
@@ -215,9 +218,9 @@ impl App {
         &self.metrics
     }
 
-    async fn metrics_page(&self, method: &Method, route: &Route) -> Response<ResponseBody> {
-        if !route.allows(method) {
-            return responses::method_not_allowed(route.methods);
+    async fn metrics_page(&self, method: &Method) -> Response<ResponseBody> {
+        if method != Method::GET && method != Method::HEAD {
+            return responses::method_not_allowed(&[Method::GET, Method::HEAD]);
         }
         // A store that cannot answer in time leaves `users_stored` at its last value: the page
         // itself is always served.
@@ -254,6 +257,14 @@ fn request_id(headers: &HeaderMap) -> HeaderValue {
         })
 }
 
+/// `response`, with the connection closed after it.
+fn closing(mut response: Response<ResponseBody>) -> Response<ResponseBody> {
+    response
+        .headers_mut()
+        .insert(header::CONNECTION, HeaderValue::from_static("close"));
+    response
+}
+
 /// Whether the request has at most one `Host` header, and that one (if any) is a valid
 /// authority: a client error otherwise, never handed to the guest (wasi:http would refuse it).
 fn has_valid_host(headers: &HeaderMap) -> bool {
@@ -265,28 +276,6 @@ fn has_valid_host(headers: &HeaderMap) -> bool {
             host.is_empty() || http::uri::Authority::try_from(host.as_bytes()).is_ok()
         }
         (Some(_), Some(_)) => false,
-    }
-}
-
-enum BodyError {
-    TooLarge,
-    Unreadable,
-    TooSlow,
-}
-
-/// The whole body, refused as soon as it is known to exceed `limit`: from `Content-Length`
-/// before reading anything, or while streaming when the length is not declared.
-async fn read_body(body: Incoming, headers: &HeaderMap, limit: usize) -> Result<Bytes, BodyError> {
-    let declared = headers
-        .get(header::CONTENT_LENGTH)
-        .and_then(|value| value.to_str().ok()?.parse::<u64>().ok());
-    if declared.is_some_and(|length| length > limit as u64) {
-        return Err(BodyError::TooLarge);
-    }
-    match Limited::new(body, limit).collect().await {
-        Ok(collected) => Ok(collected.to_bytes()),
-        Err(error) if error.is::<LengthLimitError>() => Err(BodyError::TooLarge),
-        Err(_) => Err(BodyError::Unreadable),
     }
 }
 

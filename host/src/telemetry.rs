@@ -6,8 +6,11 @@ use tracing_opentelemetry::OpenTelemetrySpanExt;
 use wasmtime::StoreContextMut;
 use wasmtime::component::{ComponentType, Lift, Linker, Resource, ResourceType, WasmList, WasmStr};
 
+use std::sync::Arc;
+
 use crate::bindings::telemetry::{Attribute, Host, HostSpan, Level, Value};
 use crate::request_state::RequestState;
+use crate::routes::{self, Label, MAX_TEMPLATE_BYTES};
 
 /// The `target` of every log event and span the guest reports.
 pub const GUEST_TARGET: &str = "guest";
@@ -224,6 +227,14 @@ impl HostSpan for RequestState {
 }
 
 impl Host for RequestState {
+    fn set_route(&mut self, template: String) -> wasmtime::Result<()> {
+        if self.telemetry_enabled {
+            let label = self.route_templates.label(&template);
+            set_route(self, label, cut_str(&template, MAX_TEMPLATE_BYTES));
+        }
+        Ok(())
+    }
+
     fn log(
         &mut self,
         level: Level,
@@ -279,7 +290,7 @@ impl Host for RequestState {
 /// of ours runs (a list of attributes all naming one 64 MiB string would cost gigabytes). Here
 /// they stay in guest memory and are read one by one, only while the request's quotas last.
 pub fn add_to_linker(linker: &mut Linker<RequestState>) -> wasmtime::Result<()> {
-    let mut instance = linker.instance("tutorial:service/telemetry@0.2.0")?;
+    let mut instance = linker.instance("tutorial:service/telemetry@0.2.1")?;
     instance.resource(
         "span",
         ResourceType::host::<GuestSpan>(),
@@ -330,7 +341,44 @@ pub fn add_to_linker(linker: &mut Linker<RequestState>) -> wasmtime::Result<()> 
             Host::log(store.data_mut(), level, message, attributes)
         },
     )?;
+    instance.func_wrap("set-route", |mut store, (template,): (WasmStr,)| {
+        if !store.data().telemetry_enabled {
+            return Ok(());
+        }
+        let (label, named) = {
+            let template = template.to_str(&store)?;
+            let label = store.data().route_templates.label(&template);
+            (label, cut_str(&template, MAX_TEMPLATE_BYTES).to_string())
+        };
+        set_route(store.data_mut(), label, &named);
+        Ok(())
+    })?;
     Ok(())
+}
+
+/// Labels the request with the route its guest named: on its span (and so its log lines) now,
+/// in its metrics when it is answered.
+fn set_route(state: &mut RequestState, label: Label, named: &str) {
+    let route: Arc<str> = match label {
+        Label::Template(template) => template,
+        Label::Folded { first } => {
+            if let Some(metrics) = &state.metrics {
+                metrics.observe_folded_route();
+            }
+            if first {
+                state.request_span.in_scope(|| {
+                    tracing::warn!(
+                        route = named,
+                        "the guest named a route that is not a template or one too many; \
+                         this and later ones are labelled `_OTHER`"
+                    );
+                });
+            }
+            Arc::from(routes::OTHER)
+        }
+    };
+    state.request_span.record("http.route", &*route);
+    state.matched_route.set(route);
 }
 
 /// An attribute as the guest passed it, its strings still in guest memory.

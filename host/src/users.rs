@@ -17,6 +17,7 @@ use wasmtime::StoreContextMut;
 use wasmtime::component::{Linker, WasmStr};
 
 use crate::bindings::users::{CreateError, Host, StoreError, User};
+use crate::metrics::LookupResult;
 use crate::request_state::RequestState;
 use crate::user_store::{self, Unavailable};
 
@@ -36,7 +37,7 @@ pub const MAX_STORE_SPANS_PER_REQUEST: u32 = 64;
 /// guest's strings are measured in guest memory before any is copied: generated bindings would
 /// copy a 100 MiB "name" into host memory before [`MAX_NAME_BYTES`] could refuse it.
 pub fn add_to_linker(linker: &mut Linker<RequestState>) -> wasmtime::Result<()> {
-    let mut instance = linker.instance("tutorial:service/users@0.2.0")?;
+    let mut instance = linker.instance("tutorial:service/users@0.2.1")?;
     instance.func_wrap_async(
         "list",
         |mut store, (after, limit): (Option<WasmStr>, u32)| {
@@ -55,9 +56,8 @@ pub fn add_to_linker(linker: &mut Linker<RequestState>) -> wasmtime::Result<()> 
     )?;
     instance.func_wrap_async("get", |mut store, (id,): (WasmStr,)| {
         Box::new(async move {
-            let Some(id) = read(&store, &id, MAX_ID_BYTES)? else {
-                return Ok((Ok(None),));
-            };
+            // No stored user has an id that long: a lookup that finds nothing.
+            let id = read(&store, &id, MAX_ID_BYTES)?.unwrap_or_default();
             Ok((Host::get(store.data_mut(), id).await?,))
         })
     })?;
@@ -105,12 +105,22 @@ impl Host for RequestState {
             .map_err(|Unavailable(_)| StoreError::Unavailable))
     }
 
+    /// A lookup, counted in `user_lookups_total` as found or not (a store fault is neither).
     async fn get(&mut self, id: String) -> wasmtime::Result<Result<Option<User>, StoreError>> {
-        let Ok(id) = Uuid::try_parse(&id) else {
-            return Ok(Ok(None));
+        let found = match Uuid::try_parse(&id) {
+            Ok(id) => {
+                let users = Arc::clone(&self.users);
+                self.store_call(StoreCall::Get, users.get(id)).await
+            }
+            Err(_) => Ok(None),
         };
-        let users = Arc::clone(&self.users);
-        let found = self.store_call(StoreCall::Get, users.get(id)).await;
+        if let (Some(metrics), Ok(found)) = (&self.metrics, &found) {
+            metrics.observe_lookup(if found.is_some() {
+                LookupResult::Success
+            } else {
+                LookupResult::Failure
+            });
+        }
         Ok(found
             .map(|user| user.map(User::from))
             .map_err(|Unavailable(_)| StoreError::Unavailable))
@@ -261,7 +271,12 @@ mod tests {
     use crate::user_store::UserStore;
 
     fn request(store: &Arc<UserStore>) -> RequestState {
-        RequestState::new(Arc::clone(store), None, tracing::Span::none())
+        RequestState::new(
+            Arc::clone(store),
+            None,
+            tracing::Span::none(),
+            Arc::default(),
+        )
     }
 
     #[tokio::test]
