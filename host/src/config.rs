@@ -45,6 +45,12 @@ pub const DEFAULT_STORE_CONNECT_TIMEOUT_SECS: u64 = 10;
 pub const DEFAULT_STORE_CACHE_MB: u64 = 16;
 /// The longest one store call may take; shorter when the request deadline is short.
 pub const MAX_STORE_CALL_TIMEOUT: Duration = Duration::from_secs(5);
+/// The service name on every span unless `OTEL_SERVICE_NAME` says otherwise.
+pub const DEFAULT_SERVICE_NAME: &str = "tutorial-service";
+/// The Jaeger agent's host unless `OTEL_EXPORTER_JAEGER_AGENT_HOST` says otherwise.
+pub const DEFAULT_JAEGER_AGENT_HOST: &str = "localhost";
+/// The Jaeger agent's UDP port unless `OTEL_EXPORTER_JAEGER_AGENT_PORT` says otherwise.
+pub const DEFAULT_JAEGER_AGENT_PORT: u16 = 6831;
 /// The path a new guest is probed on unless `--probe-path` says otherwise.
 pub const DEFAULT_PROBE_PATH: &str = "/api/health";
 /// Where the JSON log lines are appended, relative to the working directory.
@@ -142,6 +148,18 @@ pub struct Config {
     #[arg(long, env = "GUEST_CACHE_DIR", default_value_os_t = default_cache_dir())]
     pub cache_dir: PathBuf,
 
+    /// Name reported with every span [default: tutorial-service].
+    #[arg(long, env = "OTEL_SERVICE_NAME")]
+    pub service_name: Option<String>,
+
+    /// Host of the Jaeger agent the spans go to, over UDP [default: localhost].
+    #[arg(long, env = "OTEL_EXPORTER_JAEGER_AGENT_HOST")]
+    pub jaeger_agent_host: Option<String>,
+
+    /// UDP port of the Jaeger agent [default: 6831].
+    #[arg(long, env = "OTEL_EXPORTER_JAEGER_AGENT_PORT", value_parser = optional_port)]
+    pub jaeger_agent_port: Option<MaybePort>,
+
     /// File the JSON log lines are appended to.
     #[arg(long, env = "LOG_FILE", default_value = DEFAULT_LOG_FILE)]
     pub log_file: PathBuf,
@@ -204,9 +222,53 @@ impl Config {
         }
     }
 
+    /// Where spans go and under which name. An empty setting counts as unset, as OpenTelemetry's
+    /// SDKs treat their environment variables; the batch processor reads `OTEL_BSP_*` itself.
+    pub fn telemetry(&self) -> TelemetrySettings {
+        let text = |setting: &Option<String>, default: &str| {
+            setting
+                .clone()
+                .filter(|value| !value.is_empty())
+                .unwrap_or_else(|| default.to_string())
+        };
+        TelemetrySettings {
+            service_name: text(&self.service_name, DEFAULT_SERVICE_NAME),
+            jaeger_agent_host: text(&self.jaeger_agent_host, DEFAULT_JAEGER_AGENT_HOST),
+            jaeger_agent_port: self
+                .jaeger_agent_port
+                .and_then(|MaybePort(port)| port)
+                .unwrap_or(DEFAULT_JAEGER_AGENT_PORT),
+        }
+    }
+
     /// The socket address to listen on.
     pub fn listen_addr(&self) -> SocketAddr {
         SocketAddr::new(self.bind, self.port)
+    }
+}
+
+/// Where spans go and under which name.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TelemetrySettings {
+    /// `service.name` of every span.
+    pub service_name: String,
+    /// The Jaeger agent's host.
+    pub jaeger_agent_host: String,
+    /// The Jaeger agent's UDP port.
+    pub jaeger_agent_port: u16,
+}
+
+/// A port setting: a port, or nothing when the setting is empty.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MaybePort(pub Option<u16>);
+
+fn optional_port(value: &str) -> Result<MaybePort, String> {
+    if value.is_empty() {
+        return Ok(MaybePort(None));
+    }
+    match value.parse::<u16>() {
+        Ok(port) if port > 0 => Ok(MaybePort(Some(port))),
+        _ => Err("expected a port, 1 to 65535".to_string()),
     }
 }
 
@@ -324,6 +386,42 @@ mod tests {
             let config = Config::try_parse_from(["host", "--store", setting]).unwrap();
             let error = config.store_choice().err().expect(setting).to_string();
             assert!(!error.contains("hunter2"), "{error}");
+        }
+    }
+
+    #[test]
+    fn telemetry_settings_treat_empty_as_unset_and_refuse_a_bad_port() {
+        let empty = ["--service-name", "", "--jaeger-agent-host", ""];
+        let config = Config::try_parse_from(
+            ["host"]
+                .into_iter()
+                .chain(empty)
+                .chain(["--jaeger-agent-port", ""]),
+        )
+        .unwrap();
+        assert_eq!(
+            config.telemetry(),
+            TelemetrySettings {
+                service_name: DEFAULT_SERVICE_NAME.to_string(),
+                jaeger_agent_host: DEFAULT_JAEGER_AGENT_HOST.to_string(),
+                jaeger_agent_port: DEFAULT_JAEGER_AGENT_PORT,
+            }
+        );
+        let set = Config::try_parse_from([
+            "host",
+            "--service-name",
+            "svc",
+            "--jaeger-agent-host",
+            "agent",
+            "--jaeger-agent-port",
+            "7000",
+        ])
+        .unwrap();
+        assert_eq!(set.telemetry().service_name, "svc");
+        assert_eq!(set.telemetry().jaeger_agent_host, "agent");
+        assert_eq!(set.telemetry().jaeger_agent_port, 7000);
+        for bad in ["0", "65536", "x"] {
+            assert!(Config::try_parse_from(["host", "--jaeger-agent-port", bad]).is_err());
         }
     }
 

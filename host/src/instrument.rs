@@ -22,14 +22,9 @@ use tracing_subscriber::fmt::writer::MakeWriterExt;
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 
+use crate::config::TelemetrySettings;
 use crate::logs::{JsonFieldSets, JsonLines};
 
-/// The service name reported with every span unless `OTEL_SERVICE_NAME` says otherwise.
-pub const DEFAULT_SERVICE_NAME: &str = "tutorial-service";
-/// The Jaeger agent's host unless `OTEL_EXPORTER_JAEGER_AGENT_HOST` says otherwise.
-pub const DEFAULT_AGENT_HOST: &str = "localhost";
-/// The Jaeger agent's UDP port unless `OTEL_EXPORTER_JAEGER_AGENT_PORT` says otherwise.
-pub const DEFAULT_AGENT_PORT: &str = "6831";
 /// Longest `url.path` recorded on a span: a span must fit in one UDP packet to the agent.
 const MAX_RECORDED_PATH: usize = 1024;
 /// The longest non-standard method recorded as `http.request.method_original`.
@@ -81,7 +76,7 @@ impl Drop for TelemetryGuard {
 /// Installs logging (stdout and `log_file`) and span export. Never fails: a log file that
 /// cannot be opened or an exporter that cannot start is one warning, and the service runs on.
 /// Must run inside the tokio runtime (the exporter's batch task lives there).
-pub fn init(log_file: &Path) -> TelemetryGuard {
+pub fn init(log_file: &Path, settings: &TelemetrySettings) -> TelemetryGuard {
     // Buffered behind the non-blocking channel: its worker flushes whenever the channel runs
     // dry, so a burst of lines is one write, not one system call per line.
     let (stdout, stdout_guard) = tracing_appender::non_blocking(BufWriter::new(std::io::stdout()));
@@ -108,7 +103,7 @@ pub fn init(log_file: &Path) -> TelemetryGuard {
     opentelemetry::global::set_text_map_propagator(TraceContextPropagator::new());
     // An unreachable agent must cost nothing: its send errors are not worth a line each.
     let _ = opentelemetry::global::set_error_handler(|_| {});
-    let (tracer, exporter_error) = match jaeger_tracer() {
+    let (tracer, exporter_error) = match jaeger_tracer(settings) {
         Ok(tracer) => (Some(tracer), None),
         Err(error) => (None, Some(error)),
     };
@@ -145,22 +140,20 @@ fn open_append(path: &Path) -> std::io::Result<std::fs::File> {
         .open(path)
 }
 
-fn jaeger_tracer() -> Result<opentelemetry_sdk::trace::Tracer, opentelemetry::trace::TraceError> {
-    let env = |name: &str, default: &str| {
-        std::env::var(name)
-            .ok()
-            .filter(|v| !v.is_empty())
-            .unwrap_or_else(|| default.into())
-    };
-    let service_name = env("OTEL_SERVICE_NAME", DEFAULT_SERVICE_NAME);
-    let host = env("OTEL_EXPORTER_JAEGER_AGENT_HOST", DEFAULT_AGENT_HOST);
-    let port = env("OTEL_EXPORTER_JAEGER_AGENT_PORT", DEFAULT_AGENT_PORT);
+fn jaeger_tracer(
+    settings: &TelemetrySettings,
+) -> Result<opentelemetry_sdk::trace::Tracer, opentelemetry::trace::TraceError> {
+    let TelemetrySettings {
+        service_name,
+        jaeger_agent_host: host,
+        jaeger_agent_port: port,
+    } = settings;
     // The agent exporter is deprecated upstream in favour of OTLP, but the contract (and the
     // Jaeger all-in-one users run) speak the agent's UDP protocol; allow that one warning here.
     #[allow(deprecated)]
     let exporter = opentelemetry_jaeger::new_agent_pipeline()
         .with_endpoint(format!("{host}:{port}"))
-        .with_service_name(service_name)
+        .with_service_name(service_name.clone())
         // Without splitting, a batch over the 65,000-byte UDP limit is dropped whole.
         .with_auto_split_batch(true)
         .with_instrumentation_library_tags(false)

@@ -6,7 +6,8 @@
 //! - [`config`]: flags and environment variables, validated before anything binds;
 //! - [`bindings`]: the one `bindgen!` of the service's WIT world;
 //! - [`error`]: the one error type;
-//! - [`guest`]: loading the component and running one request through a fresh instance;
+//! - [`guest`]: the engine and its slots, loading a component, its probe, and running one
+//!   request through a fresh instance;
 //! - [`cache`]: compiled components on disk, keyed by their bytes and the engine;
 //! - [`reload`]: swapping the guest on `SIGHUP` or file change, after its probe;
 //! - [`request_body`]: the request body as the guest gets it, read within the limits;

@@ -35,7 +35,8 @@ fn main() -> ExitCode {
         .build()
         .expect("starting the tokio runtime");
     // The exporter's batch task lives in the runtime, so telemetry starts inside it.
-    let telemetry = runtime.block_on(async { instrument::init(&config.log_file) });
+    let telemetry =
+        runtime.block_on(async { instrument::init(&config.log_file, &config.telemetry()) });
     let outcome = runtime.block_on(run(config));
     // Flush spans and logs from this (blocking) thread while the runtime still runs the
     // exporter's task; then let the runtime go.

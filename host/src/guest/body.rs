@@ -1,0 +1,81 @@
+//! A guest's response body that ends only when the guest's task has ended well.
+
+use bytes::Bytes;
+
+use crate::error::one_line;
+use crate::responses::ResponseBody;
+
+/// A guest's response body that ends only when the guest's task has ended well.
+///
+/// wasmtime-wasi-http ends a body normally when its instance goes away mid-stream (a trap, the
+/// deadline): with chunked encoding the client would see a cut-short body as complete. Here the
+/// end of the body waits for the task's outcome, and a failed task turns it into an error, so
+/// hyper breaks the connection instead.
+pub(super) struct GuestBody {
+    inner: ResponseBody,
+    task: Option<tokio::task::JoinHandle<wasmtime::Result<()>>>,
+    /// The request's span, for the log line of a failure.
+    span: tracing::Span,
+}
+
+impl GuestBody {
+    pub(super) fn new(
+        inner: ResponseBody,
+        task: tokio::task::JoinHandle<wasmtime::Result<()>>,
+    ) -> GuestBody {
+        GuestBody {
+            inner,
+            task: Some(task),
+            span: tracing::Span::current(),
+        }
+    }
+}
+
+impl http_body::Body for GuestBody {
+    type Data = Bytes;
+    type Error = wasmtime_wasi_http::Error;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, Self::Error>>> {
+        use std::task::Poll;
+        match std::pin::Pin::new(&mut self.inner).poll_frame(cx) {
+            Poll::Ready(None) => {}
+            other => return other,
+        }
+        let Some(task) = self.task.as_mut() else {
+            return Poll::Ready(None);
+        };
+        let Poll::Ready(outcome) = std::pin::Pin::new(task).poll(cx) else {
+            return Poll::Pending;
+        };
+        self.task = None;
+        match outcome {
+            Ok(Ok(())) => Poll::Ready(None),
+            Ok(Err(trap)) => {
+                let error = one_line(trap);
+                self.span.in_scope(|| {
+                    tracing::error!(
+                        error,
+                        "guest failed while streaming its body; response cut short"
+                    );
+                });
+                Poll::Ready(Some(Err(wasmtime_wasi_http::Error::InternalError(Some(
+                    "the guest failed while streaming its body".to_string(),
+                )))))
+            }
+            Err(join_error) => Poll::Ready(Some(Err(wasmtime_wasi_http::Error::InternalError(
+                Some(join_error.to_string()),
+            )))),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.task.is_none() && self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.size_hint()
+    }
+}

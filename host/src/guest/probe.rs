@@ -1,0 +1,65 @@
+//! The probe: one request a new guest must answer 200 before it serves.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http_body_util::BodyExt;
+
+use super::Guest;
+use crate::error::Error;
+use crate::request_body::GuestRequestBody;
+use crate::request_state::RequestState;
+use crate::user_store::UserStore;
+
+/// Where a new guest is probed before it serves: a path of its own, or nowhere.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ProbePath {
+    /// `GET` this path (and query) and expect a 200.
+    Get(http::uri::PathAndQuery),
+    /// Load the guest without probing it.
+    Off,
+}
+
+/// The most of a probe's response body that is read.
+const MAX_PROBE_BODY_BYTES: usize = 64 * 1024;
+
+/// How long the probe of a new guest may take.
+pub const PROBE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+
+impl Guest {
+    /// Sends one `GET` of the probe path through a fresh instance, with telemetry off and an
+    /// empty store of its own, and returns the reported `version` (`unknown` when the 200's body
+    /// is not JSON with one, or when probing is off). Anything but a 200 within
+    /// [`PROBE_TIMEOUT`] is an error.
+    pub async fn probe_version(&self, path: &ProbePath) -> Result<String, Error> {
+        let ProbePath::Get(path) = path else {
+            return Ok("unknown".to_string());
+        };
+        let probe = async {
+            let request = http::Request::get(path.as_str())
+                .header(http::header::HOST, "localhost")
+                .body(GuestRequestBody::complete(Bytes::new()))
+                .expect("a parsed path makes a valid request");
+            let state = RequestState::quiet(Arc::new(UserStore::memory(0)));
+            let response = self.handle(state, request).await?;
+            let status = response.status();
+            let body = http_body_util::Limited::new(response.into_body(), MAX_PROBE_BODY_BYTES)
+                .collect()
+                .await
+                .map(|body| body.to_bytes())
+                .unwrap_or_default();
+            if status != http::StatusCode::OK {
+                return Err(Error::GuestFailed(format!(
+                    "probe GET {path} answered {status}"
+                )));
+            }
+            let version = serde_json::from_slice::<serde_json::Value>(&body)
+                .ok()
+                .and_then(|health| health["version"].as_str().map(str::to_string));
+            Ok(version.unwrap_or_else(|| "unknown".to_string()))
+        };
+        tokio::time::timeout(PROBE_TIMEOUT, probe)
+            .await
+            .map_err(|_| Error::GuestFailed(format!("probe GET {path} timed out")))?
+    }
+}

@@ -1,0 +1,184 @@
+//! The wasm engine, its pooling allocator and epoch ticker, and the linker: built once per
+//! process; loading a component makes a [`Guest`].
+
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use wasmtime::component::Linker;
+use wasmtime::{Enabled, Engine, InstanceAllocationStrategy, PoolingAllocationConfig};
+
+use super::Guest;
+use super::slots::InstanceSlots;
+use crate::bindings::ServicePre;
+use crate::cache::{CacheOutcome, ComponentCache};
+use crate::error::{Error, one_line};
+use crate::request_state::RequestState;
+
+/// The wasm engine and the linker that provides the guest's imports. Built once per process.
+pub struct Runtime {
+    engine: Engine,
+    linker: Linker<RequestState>,
+    cache: ComponentCache,
+    limits: GuestLimits,
+    /// The instance slots, shared by every guest this runtime loads.
+    slots: InstanceSlots,
+    /// Advances the engine's epoch, which drives deadlines and yields; stops when dropped.
+    _ticker: EpochTicker,
+}
+
+/// What one guest instance may use.
+#[derive(Debug, Clone, Copy)]
+pub struct GuestLimits {
+    /// Wall-clock time one request may run inside the guest.
+    pub request_timeout: Duration,
+    /// Linear memory one instance may grow to.
+    pub memory_bytes: usize,
+    /// Instances working towards their response head at once (a reload's health probe counts
+    /// as one).
+    pub max_instances: u32,
+    /// Instances beyond those that have sent their head and stream the rest of the body, so
+    /// clients that read slowly do not hold the slots new requests need. The pooling allocator
+    /// reserves `max_instances + max_streaming` slots, plus one spare.
+    pub max_streaming: u32,
+}
+
+/// How often the epoch advances: the granularity of deadlines, and how long a guest computes
+/// before it yields its thread to other requests.
+pub const EPOCH_TICK: Duration = Duration::from_millis(2);
+
+/// Bytes of each memory and table slot reset by memset and kept resident between requests.
+const KEEP_RESIDENT_BYTES: usize = 2 << 20;
+/// Slots decommitted per system call.
+const DECOMMIT_BATCH: usize = 16;
+
+/// How long a request waits for a free instance slot before it is answered 503.
+pub const SLOT_WAIT: Duration = Duration::from_secs(1);
+
+/// Upper bounds per component, for the pooling allocator's slots: a Rust `wasm32-wasip2`
+/// component has one memory, a few tables and a handful of core instances (its module and the
+/// canonical-ABI shims); these leave room for other toolchains' guests.
+const CORE_INSTANCES_PER_COMPONENT: u32 = 32;
+const MEMORIES_PER_COMPONENT: u32 = 2;
+const TABLES_PER_COMPONENT: u32 = 8;
+
+impl Runtime {
+    /// An engine and a linker with full WASI p2 (a Rust `std` guest imports `wasi:cli` and
+    /// friends beyond the proxy world), `wasi:http`, and the service's `users` and `telemetry`.
+    /// Compiled components are cached in `cache`; every instance lives within `limits`.
+    pub fn new(cache: ComponentCache, limits: GuestLimits) -> Result<Runtime, Error> {
+        let engine =
+            Engine::new(&engine_config(&limits)).map_err(|e| Error::Runtime(one_line(e)))?;
+        let mut linker = Linker::new(&engine);
+        let link = |linker: &mut Linker<RequestState>| -> wasmtime::Result<()> {
+            wasmtime_wasi::p2::add_to_linker_async(linker)?;
+            wasmtime_wasi_http::p2::add_only_http_to_linker_async(linker)?;
+            crate::users::add_to_linker(linker)?;
+            crate::telemetry::add_to_linker(linker)?;
+            Ok(())
+        };
+        link(&mut linker).map_err(|e| Error::Runtime(one_line(e)))?;
+        let _ticker = EpochTicker::start(engine.clone());
+        let slots = InstanceSlots::new(limits.max_instances, limits.max_streaming);
+        Ok(Runtime {
+            engine,
+            linker,
+            cache,
+            limits,
+            slots,
+            _ticker,
+        })
+    }
+
+    /// Reads, compiles (or takes from the cache), links and pre-instantiates the component at
+    /// `path`. Blocking: compiling takes tens to hundreds of milliseconds.
+    pub fn load(&self, path: &Path) -> Result<(Guest, CacheOutcome), Error> {
+        let bytes = std::fs::read(path).map_err(|io_error| Error::GuestUnreadable {
+            path: path.to_owned(),
+            io_error,
+        })?;
+        let invalid = |error: wasmtime::Error| Error::GuestInvalid {
+            path: path.to_owned(),
+            reason: one_line(error),
+        };
+        let (component, outcome) = self
+            .cache
+            .load_or_compile(&self.engine, &bytes)
+            .map_err(invalid)?;
+        let instance_pre = self.linker.instantiate_pre(&component).map_err(invalid)?;
+        let pre = ServicePre::new(instance_pre).map_err(invalid)?;
+        let guest = Guest {
+            pre,
+            limits: self.limits,
+            slots: self.slots.clone(),
+            route_templates: Arc::default(),
+        };
+        Ok((guest, outcome))
+    }
+}
+
+/// Epoch interruption (deadlines and yields) and a pooling allocator sized by `limits`: slots
+/// are reserved once, so instantiating per request costs no `mmap`.
+fn engine_config(limits: &GuestLimits) -> wasmtime::Config {
+    let slots = limits.max_instances + limits.max_streaming + 1;
+    let mut pool = PoolingAllocationConfig::default();
+    pool.total_component_instances(slots)
+        .total_stacks(slots)
+        .total_core_instances(slots * CORE_INSTANCES_PER_COMPONENT)
+        .max_core_instances_per_component(CORE_INSTANCES_PER_COMPONENT)
+        .total_memories(slots * MEMORIES_PER_COMPONENT)
+        .max_memories_per_component(MEMORIES_PER_COMPONENT)
+        .total_tables(slots * TABLES_PER_COMPONENT)
+        .max_tables_per_component(TABLES_PER_COMPONENT)
+        .max_memory_size(limits.memory_bytes)
+        // Reset a slot's memory and tables with memset rather than madvise: no page faults on
+        // the next request, and no TLB shootdowns across cores. A Rust guest touches about one
+        // MiB (its stack, data and a little heap) per request.
+        .linear_memory_keep_resident(KEEP_RESIDENT_BYTES)
+        .table_keep_resident(KEEP_RESIDENT_BYTES)
+        // Where Linux offers PAGEMAP_SCAN (6.7+), only the pages the guest dirtied are reset.
+        .pagemap_scan(Enabled::Auto)
+        // What is still decommitted is decommitted in batches, one system call per batch.
+        .decommit_batch_size(DECOMMIT_BATCH);
+    let mut config = wasmtime::Config::new();
+    config
+        .epoch_interruption(true)
+        .allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
+    config
+}
+
+/// A thread that advances an engine's epoch every [`EPOCH_TICK`] until dropped.
+struct EpochTicker {
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl EpochTicker {
+    fn start(engine: Engine) -> EpochTicker {
+        let stop = Arc::new(AtomicBool::new(false));
+        let stopped = Arc::clone(&stop);
+        let thread = std::thread::Builder::new()
+            .name("epoch-ticker".into())
+            .spawn(move || {
+                while !stopped.load(Ordering::Relaxed) {
+                    std::thread::sleep(EPOCH_TICK);
+                    engine.increment_epoch();
+                }
+            })
+            .expect("spawning the epoch ticker thread");
+        EpochTicker {
+            stop,
+            thread: Some(thread),
+        }
+    }
+}
+
+impl Drop for EpochTicker {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
