@@ -1,0 +1,64 @@
+//! `GET /api/health`: the service is up, and which version of the guest answers.
+
+use serde::Serialize;
+
+use crate::ports::{Level, Telemetry};
+use crate::response::Response;
+
+pub(super) fn health(telemetry: &impl Telemetry) -> Response {
+    #[derive(Serialize)]
+    struct Health {
+        status: &'static str,
+        version: &'static str,
+    }
+    telemetry.log(
+        Level::Info,
+        "health check",
+        &[("version", crate::VERSION.into())],
+    );
+    Response::json(
+        200,
+        &Health {
+            status: "healthy",
+            version: crate::VERSION,
+        },
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use crate::api::fakes::*;
+
+    #[test]
+    fn health_reports_healthy_and_the_package_version() {
+        let response = send(&FakeStore::new(), "GET", "/api/health", None);
+        assert_eq!(response.status, 200);
+        assert_eq!(
+            body(&response),
+            json!({"status": "healthy", "version": env!("CARGO_PKG_VERSION")})
+        );
+    }
+
+    #[test]
+    fn head_is_answered_like_get() {
+        let store = FakeStore::new();
+        assert_eq!(
+            send(&store, "HEAD", "/api/health", None),
+            send(&store, "GET", "/api/health", None)
+        );
+        // The list is streamed: its HEAD has the GET's status and headers, and no body.
+        let head = send(&store, "HEAD", "/api/users", None);
+        let get = send(&store, "GET", "/api/users", None);
+        assert_eq!((head.status, &head.headers), (get.status, &get.headers));
+        assert!(head.body.is_empty());
+    }
+
+    #[test]
+    fn health_logs_one_info_line() {
+        let (_, events) = run_recorded(&get("/api/health"), &FakeStore::new());
+        assert_eq!(events.len(), 1, "{events:?}");
+        assert!(events[0].starts_with("Info health check"), "{events:?}");
+    }
+}
