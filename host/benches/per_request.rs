@@ -7,9 +7,9 @@
 //!   interleaved rounds and printed as one JSON line for `bench/report.py`.
 
 use std::hint::black_box;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use bytes::Bytes;
 use criterion::{Criterion, criterion_group};
@@ -20,11 +20,8 @@ use host::request_state::RequestState;
 use host::user_store::UserStore;
 use http_body_util::BodyExt;
 
-fn component(file_name: &str) -> PathBuf {
-    let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
-    let path = workspace
-        .join("target/wasm32-wasip2/release")
-        .join(file_name);
+fn component(crate_name: &str) -> PathBuf {
+    let path = host::config::built_component(crate_name);
     assert!(
         path.exists(),
         "{} is missing: run `make build` first",
@@ -33,9 +30,9 @@ fn component(file_name: &str) -> PathBuf {
     path
 }
 
-fn load(runtime: &Runtime, file_name: &str) -> Guest {
+fn load(runtime: &Runtime, crate_name: &str) -> Guest {
     runtime
-        .load(&component(file_name))
+        .load(&component(crate_name))
         .expect("the component loads")
         .0
 }
@@ -105,17 +102,12 @@ struct Fixture {
 impl Fixture {
     fn new() -> Fixture {
         let tokio = tokio::runtime::Runtime::new().unwrap();
-        let limits = GuestLimits {
-            request_timeout: Duration::from_secs(10),
-            memory_bytes: 128 << 20,
-            max_instances: 64,
-            max_streaming: 0,
-        };
+        let limits = GuestLimits::default();
         let cache = ComponentCache::new(std::env::temp_dir().join("host-bench-cache"));
         let runtime = tokio.block_on(async { Runtime::new(cache, limits).unwrap() });
         Fixture {
-            real: load(&runtime, "guest.wasm"),
-            minimal: load(&runtime, "minimal_guest.wasm"),
+            real: load(&runtime, "guest"),
+            minimal: load(&runtime, "minimal-guest"),
             users: Arc::new(UserStore::memory(0)),
             tokio,
         }

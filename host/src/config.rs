@@ -285,6 +285,18 @@ fn probe_path(value: &str) -> Result<ProbePath, String> {
         .map_err(|error| format!("not a valid path: {error}"))
 }
 
+impl Default for crate::guest::GuestLimits {
+    /// The limits of a host started without flags.
+    fn default() -> Self {
+        crate::guest::GuestLimits {
+            request_timeout: Duration::from_millis(DEFAULT_REQUEST_TIMEOUT_MS),
+            memory_bytes: usize::try_from(DEFAULT_GUEST_MEMORY_MB << 20).unwrap_or(usize::MAX),
+            max_instances: DEFAULT_MAX_INSTANCES,
+            max_streaming: DEFAULT_MAX_STREAMING,
+        }
+    }
+}
+
 /// The raw `--store` setting. Its `Debug` hides it: a URL may hold a password.
 #[derive(Clone, PartialEq, Eq)]
 pub struct StoreSetting(String);
@@ -312,10 +324,23 @@ fn workspace_root() -> &'static std::path::Path {
     host_crate.parent().unwrap_or(host_crate)
 }
 
-/// Where `make build` leaves the guest: `target/wasm32-wasip2/release/guest.wasm` under the
-/// workspace root this host was built in.
+/// Where `make build` leaves the component of the workspace crate `crate_name` (`guest`, or a
+/// fixture's): `target/wasm32-wasip2/release/`, under the workspace root this host was built in.
+/// A library component is named with underscores, a binary one (a command) as its crate is.
+/// The one place the start-up default, the tests and the benchmarks find built guests.
+pub fn built_component(crate_name: &str) -> PathBuf {
+    let dir = workspace_root().join("target/wasm32-wasip2/release");
+    let library = dir.join(format!("{}.wasm", crate_name.replace('-', "_")));
+    if library.exists() {
+        return library;
+    }
+    let binary = dir.join(format!("{crate_name}.wasm"));
+    if binary.exists() { binary } else { library }
+}
+
+/// The real guest, as `make build` leaves it.
 fn default_guest_path() -> PathBuf {
-    workspace_root().join("target/wasm32-wasip2/release/guest.wasm")
+    built_component("guest")
 }
 
 #[cfg(test)]
@@ -336,6 +361,16 @@ mod tests {
         assert_eq!(config.guest_memory_mb, 128);
         assert_eq!(config.log_file, PathBuf::from("logs/app.log"));
         assert!(!config.watch);
+    }
+
+    #[test]
+    fn the_default_guest_limits_are_those_of_a_host_started_without_flags() {
+        let config = Config::try_parse_from(["host"]).unwrap();
+        let (flags, default) = (config.guest_limits(), crate::guest::GuestLimits::default());
+        assert_eq!(flags.request_timeout, default.request_timeout);
+        assert_eq!(flags.memory_bytes, default.memory_bytes);
+        assert_eq!(flags.max_instances, default.max_instances);
+        assert_eq!(flags.max_streaming, default.max_streaming);
     }
 
     #[test]

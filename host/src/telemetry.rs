@@ -534,6 +534,49 @@ fn json_value(value: Value) -> serde_json::Value {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::user_store::UserStore;
+
+    /// A request's state with telemetry on, outside any request span.
+    fn request() -> RequestState {
+        RequestState::new(
+            Arc::new(UserStore::memory(0)),
+            None,
+            tracing::Span::none(),
+            Arc::default(),
+        )
+    }
+
+    #[test]
+    fn spans_past_the_quota_are_dropped_and_ten_thousand_leaked_ones_end_without_recursion() {
+        let mut state = request();
+        for i in 0..10_000 {
+            // Each handle is leaked: the guest never drops it.
+            HostSpan::new(&mut state, format!("s{i}"), Vec::new()).unwrap();
+        }
+        assert_eq!(
+            state.guest_telemetry.open.len(),
+            MAX_SPANS_PER_REQUEST as usize
+        );
+        let dropped = state.guest_telemetry.end_all();
+        assert_eq!(dropped.spans, 10_000 - u64::from(MAX_SPANS_PER_REQUEST));
+        assert!(state.guest_telemetry.open.is_empty());
+    }
+
+    #[test]
+    fn a_named_route_labels_the_request_and_what_is_not_a_template_is_other() {
+        let mut state = request();
+        Host::set_route(&mut state, "/api/orders/{id}".to_string()).unwrap();
+        assert_eq!(&*state.matched_route.get(), "/api/orders/{id}");
+        Host::set_route(&mut state, "not a template".to_string()).unwrap();
+        assert_eq!(&*state.matched_route.get(), routes::OTHER);
+    }
+
+    #[test]
+    fn the_hosts_own_probe_records_no_route() {
+        let mut state = RequestState::quiet(Arc::new(UserStore::memory(0)));
+        Host::set_route(&mut state, "/api/health".to_string()).unwrap();
+        assert_eq!(&*state.matched_route.get(), routes::UNMATCHED);
+    }
 
     fn text(key: &str, value: &str) -> Attribute {
         Attribute {

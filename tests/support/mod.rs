@@ -95,12 +95,7 @@ macro_rules! on_every_store {
 
 /// The path of a guest component built by `make build` (`guest`, or a fixture's crate name).
 pub fn guest_path(crate_name: &str) -> PathBuf {
-    let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
-    let dir = workspace.join("target/wasm32-wasip2/release");
-    // Libraries are named with underscores, binaries (the command fixture) as the crate is.
-    let library = dir.join(format!("{}.wasm", crate_name.replace('-', "_")));
-    let binary = dir.join(format!("{crate_name}.wasm"));
-    let path = if library.exists() { library } else { binary };
+    let path = host::config::built_component(crate_name);
     assert!(
         path.exists(),
         "{} is missing: run `make build` first",
