@@ -209,7 +209,7 @@ async fn the_probe_path_is_a_flag_and_off_swaps_in_a_guest_unprobed() {
 
 #[test]
 fn a_probe_path_that_is_not_a_path_is_refused_at_start() {
-    for bad in ["api/health", "/a b", ""] {
+    for bad in ["api/health", "/a b", "/tab\there"] {
         let output = std::process::Command::new(env!("CARGO_BIN_EXE_host"))
             .args(["--probe-path", bad, "--port", "0"])
             .output()
@@ -353,6 +353,49 @@ async fn a_guest_with_routes_the_host_never_heard_of_is_labelled_and_limited_by_
     );
     assert_eq!(
         support::prometheus::value(&samples, "user_lookups_total", &[("result", "failure")]),
+        1.0
+    );
+}
+
+#[tokio::test]
+async fn a_guest_naming_routes_in_a_loop_grows_neither_its_span_nor_its_labels() {
+    let mut agent = Agent::start();
+    let port = agent.port.to_string();
+    let host = Host::start_with(
+        &guest_path("orders-guest"),
+        &[
+            ("OTEL_EXPORTER_JAEGER_AGENT_HOST", "127.0.0.1"),
+            ("OTEL_EXPORTER_JAEGER_AGENT_PORT", &port),
+            ("OTEL_BSP_SCHEDULE_DELAY", "100"),
+        ],
+    );
+    let (status, _) = send(&host, "GET", "/api/renaming", Vec::new(), "renaming").await;
+    assert_eq!(status, 200);
+    let spans = agent.wait_for(|spans| {
+        spans
+            .iter()
+            .any(|span| span.str_tag("request_id") == Some("renaming"))
+    });
+    let span = spans
+        .iter()
+        .find(|span| span.str_tag("request_id") == Some("renaming"))
+        .unwrap();
+    // The first route named, then the last at the answer: not 100,000 tags.
+    let routes: Vec<_> = span
+        .tags
+        .iter()
+        .filter(|(key, _)| key == "http.route")
+        .collect();
+    assert!(routes.len() <= 2, "{routes:?}");
+    assert_eq!(span.operation_name, "HTTP GET /api/b");
+    assert_eq!(span.long_tag("http.response.status_code"), Some(200));
+    let samples = support::prometheus::scrape(&host).await;
+    assert_eq!(
+        support::prometheus::value(
+            &samples,
+            "http_requests_total",
+            &[("method", "GET"), ("route", "/api/b"), ("status", "200")],
+        ),
         1.0
     );
 }

@@ -276,6 +276,12 @@ fn probe_path(value: &str) -> Result<ProbePath, String> {
     if value == "off" {
         return Ok(ProbePath::Off);
     }
+    // Empty counts as unset, as for the telemetry settings.
+    let value = if value.is_empty() {
+        DEFAULT_PROBE_PATH
+    } else {
+        value
+    };
     if !value.starts_with('/') || value.len() > 1024 {
         return Err("expected `off` or a path starting with `/` (at most 1,024 bytes)".to_string());
     }

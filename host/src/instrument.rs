@@ -152,7 +152,7 @@ fn jaeger_tracer(
     // Jaeger all-in-one users run) speak the agent's UDP protocol; allow that one warning here.
     #[allow(deprecated)]
     let exporter = opentelemetry_jaeger::new_agent_pipeline()
-        .with_endpoint(format!("{host}:{port}"))
+        .with_endpoint(agent_endpoint(host, *port))
         .with_service_name(service_name.clone())
         // Without splitting, a batch over the 65,000-byte UDP limit is dropped whole.
         .with_auto_split_batch(true)
@@ -173,6 +173,15 @@ fn jaeger_tracer(
     let tracer = provider.tracer("host");
     opentelemetry::global::set_tracer_provider(provider);
     Ok(tracer)
+}
+
+/// `host:port`, with an IPv6 address in brackets.
+fn agent_endpoint(host: &str, port: u16) -> String {
+    if host.contains(':') && !host.starts_with('[') {
+        format!("[{host}]:{port}")
+    } else {
+        format!("{host}:{port}")
+    }
 }
 
 /// The server span of one request, continuing the caller's trace when the request carries a
@@ -217,12 +226,20 @@ pub fn request_span(
     span
 }
 
-/// Records the answer on the request span: its route (in the name, `HTTP <METHOD> <route>`, and
-/// in `http.route`) and its status; a 5xx marks the span as an error.
-pub fn record_answer(span: &tracing::Span, method: &Method, route: &str, status: u16) {
+/// Records the answer on the request span: its route in the name (`HTTP <METHOD> <route>`) and,
+/// unless the span already carries it, in `http.route`; its status; a 5xx marks it an error.
+pub fn record_answer(
+    span: &tracing::Span,
+    method: &Method,
+    route: &str,
+    record_route: bool,
+    status: u16,
+) {
     let method_name = standard_method(method).unwrap_or(OTHER_METHOD);
     span.record("otel.name", format!("HTTP {method_name} {route}"));
-    span.record("http.route", route);
+    if record_route {
+        span.record("http.route", route);
+    }
     // As an integer attribute: tracing-opentelemetry would record a `u16`'s u64 as text.
     span.record("http.response.status_code", i64::from(status));
     if status >= 500 {
@@ -246,5 +263,23 @@ impl Extractor for HeaderExtractor<'_> {
     }
     fn keys(&self) -> Vec<&str> {
         self.0.keys().map(http::HeaderName::as_str).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_ipv6_agent_address_is_bracketed() {
+        assert_eq!(agent_endpoint("::1", 6831), "[::1]:6831");
+        assert_eq!(agent_endpoint("[::1]", 6831), "[::1]:6831");
+        assert_eq!(agent_endpoint("jaeger", 6831), "jaeger:6831");
+    }
+
+    #[test]
+    fn only_the_nine_standard_methods_are_named() {
+        assert_eq!(standard_method(&Method::GET), Some("GET"));
+        assert_eq!(standard_method(&Method::from_bytes(b"BREW").unwrap()), None);
     }
 }

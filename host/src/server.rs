@@ -103,8 +103,8 @@ impl App {
         response.headers_mut().insert(REQUEST_ID, request_id);
 
         let status = response.status().as_u16();
-        let route = matched_route.get();
-        instrument::record_answer(&span, &method, &route, status);
+        let (route, span_lacks_route) = matched_route.answer();
+        instrument::record_answer(&span, &method, &route, span_lacks_route, status);
         span.in_scope(|| {
             if status >= 500 {
                 tracing::error!(status, "request failed");
@@ -128,8 +128,9 @@ impl App {
             return responses::error(StatusCode::BAD_REQUEST, responses::BAD_HOST);
         }
         if request.uri().path() == routes::METRICS_PATH {
-            matched_route.set(Arc::from(routes::METRICS_PATH));
-            span.record("http.route", routes::METRICS_PATH);
+            if let Some(route) = matched_route.set(Arc::from(routes::METRICS_PATH)) {
+                span.record("http.route", &*route);
+            }
             return self.metrics_page(request.method()).await;
         }
         let (mut parts, body) = request.into_parts();

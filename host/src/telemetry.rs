@@ -356,8 +356,8 @@ pub fn add_to_linker(linker: &mut Linker<RequestState>) -> wasmtime::Result<()> 
     Ok(())
 }
 
-/// Labels the request with the route its guest named: on its span (and so its log lines) now,
-/// in its metrics when it is answered.
+/// Labels the request with the route its guest named: on its span (and so its log lines) now
+/// if it is the first, in its metrics and span name when it is answered.
 fn set_route(state: &mut RequestState, label: Label, named: &str) {
     let route: Arc<str> = match label {
         Label::Template(template) => template,
@@ -377,8 +377,10 @@ fn set_route(state: &mut RequestState, label: Label, named: &str) {
             Arc::from(routes::OTHER)
         }
     };
-    state.request_span.record("http.route", &*route);
-    state.matched_route.set(route);
+    if let Some(first) = state.matched_route.set(route) {
+        // Only the request's first route reaches its span (and so its log lines) now.
+        state.request_span.record("http.route", &*first);
+    }
 }
 
 /// An attribute as the guest passed it, its strings still in guest memory.
@@ -566,16 +568,16 @@ mod tests {
     fn a_named_route_labels_the_request_and_what_is_not_a_template_is_other() {
         let mut state = request();
         Host::set_route(&mut state, "/api/orders/{id}".to_string()).unwrap();
-        assert_eq!(&*state.matched_route.get(), "/api/orders/{id}");
+        assert_eq!(&*state.matched_route.answer().0, "/api/orders/{id}");
         Host::set_route(&mut state, "not a template".to_string()).unwrap();
-        assert_eq!(&*state.matched_route.get(), routes::OTHER);
+        assert_eq!(&*state.matched_route.answer().0, routes::OTHER);
     }
 
     #[test]
     fn the_hosts_own_probe_records_no_route() {
         let mut state = RequestState::quiet(Arc::new(UserStore::memory(0)));
         Host::set_route(&mut state, "/api/health".to_string()).unwrap();
-        assert_eq!(&*state.matched_route.get(), routes::UNMATCHED);
+        assert_eq!(&*state.matched_route.answer().0, routes::UNMATCHED);
     }
 
     fn text(key: &str, value: &str) -> Attribute {
