@@ -467,6 +467,23 @@ mod tests {
     }
 
     #[test]
+    fn the_probe_path_is_a_path_off_or_when_empty_the_default() {
+        let probe = |value: &str| {
+            Config::try_parse_from(["host", "--probe-path", value]).map(|config| config.probe_path)
+        };
+        assert_eq!(probe("off").unwrap(), ProbePath::Off);
+        assert_eq!(
+            probe("").unwrap(),
+            ProbePath::Get(DEFAULT_PROBE_PATH.parse().unwrap())
+        );
+        assert_eq!(
+            probe("/ready?deep=1").unwrap(),
+            ProbePath::Get("/ready?deep=1".parse().unwrap())
+        );
+        assert!(probe("ready").is_err());
+    }
+
+    #[test]
     fn store_calls_end_well_within_the_request_deadline() {
         let config = Config::try_parse_from(["host"]).unwrap();
         assert_eq!(config.store_call_timeout(), MAX_STORE_CALL_TIMEOUT);
