@@ -119,7 +119,8 @@ impl Metrics {
         let guest_telemetry_dropped = IntCounterVec::new(
             Opts::new(
                 "guest_telemetry_dropped_total",
-                "Guest spans, attributes and log events dropped by the per-request quotas, by signal.",
+                "Guest spans, attributes and log events dropped by the per-request quotas, and \
+                 routes labelled _OTHER past the per-guest cap, by signal.",
             ),
             &["signal"],
         )
