@@ -144,3 +144,84 @@ impl Reloader {
         Ok(watcher)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cache::ComponentCache;
+    use crate::config::built_component;
+    use crate::guest::GuestLimits;
+    use crate::server::ClientLimits;
+    use crate::user_store::UserStore;
+
+    /// A directory of this test's own, empty.
+    fn scratch(name: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("reload-test-{}-{name}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+
+    /// A service serving the real guest, and a reloader of the file at `path` into it.
+    fn reloader_of(path: PathBuf, scratch: &std::path::Path) -> Reloader {
+        let cache = ComponentCache::new(scratch.join("cache"));
+        let runtime = Arc::new(Runtime::new(cache, GuestLimits::default()).unwrap());
+        let (guest, _) = runtime.load(&built_component("guest")).unwrap();
+        let app = Arc::new(App::new(
+            ServingGuest {
+                guest,
+                version: "serving".to_string(),
+            },
+            Arc::new(UserStore::memory(10)),
+            ClientLimits {
+                max_body_bytes: 1024,
+                body_timeout: Duration::from_secs(1),
+                max_connections: 8,
+            },
+        ));
+        Reloader::new(runtime, app, path, ProbePath::Off)
+    }
+
+    #[tokio::test]
+    async fn a_file_that_is_not_a_component_is_rejected_and_the_serving_guest_stays() {
+        let dir = scratch("garbage");
+        let path = dir.join("guest.wasm");
+        std::fs::write(&path, b"\0asm but nothing more").unwrap();
+        let reloader = reloader_of(path, &dir);
+        assert!(matches!(
+            reloader.reload("test").await,
+            Err(Error::GuestInvalid { .. })
+        ));
+        assert_eq!(reloader.app.serving_guest().version, "serving");
+        let page = reloader.app.metrics().render(None);
+        assert!(
+            page.contains(r#"guest_reloads_total{result="failure"} 1"#),
+            "{page}"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_missing_file_is_rejected_and_the_serving_guest_stays() {
+        let dir = scratch("missing");
+        let reloader = reloader_of(dir.join("nowhere.wasm"), &dir);
+        assert!(matches!(
+            reloader.reload("test").await,
+            Err(Error::GuestUnreadable { .. })
+        ));
+        assert_eq!(reloader.app.serving_guest().version, "serving");
+    }
+
+    #[tokio::test]
+    async fn a_valid_component_is_swapped_in() {
+        let dir = scratch("valid");
+        let reloader = reloader_of(built_component("minimal-guest"), &dir);
+        // Probing is off: the version is not asked for.
+        assert_eq!(reloader.reload("test").await.unwrap(), "unknown");
+        assert_eq!(reloader.app.serving_guest().version, "unknown");
+        let page = reloader.app.metrics().render(None);
+        assert!(
+            page.contains(r#"guest_reloads_total{result="success"} 1"#),
+            "{page}"
+        );
+    }
+}
