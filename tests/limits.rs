@@ -400,14 +400,7 @@ async fn unknown_and_huge_methods_are_recorded_as_other_and_cut_short() {
     }
     assert_eq!(refused[0]["http.request.method_original"], "BREW");
     // Both are one `_OTHER` label in the metrics; neither method appears there.
-    let metrics = client()
-        .get(host.url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = support::prometheus::text(&host).await;
     assert!(
         metrics
             .contains(r#"http_requests_total{method="_OTHER",route="/api/health",status="405"} 2"#),

@@ -505,14 +505,7 @@ async fn a_thousand_random_ids_make_one_bounded_route_label() {
 async fn metrics_include_instantiation_time_and_process_metrics() {
     let host = Host::start();
     client().get(host.url("/api/health")).send().await.unwrap();
-    let text = client()
-        .get(host.url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let text = support::prometheus::text(&host).await;
     assert!(
         text.contains("guest_instantiation_seconds_count 1"),
         "{text}"

@@ -345,12 +345,19 @@ pub fn add_to_linker(linker: &mut Linker<RequestState>) -> wasmtime::Result<()> 
         if !store.data().telemetry_enabled {
             return Ok(());
         }
-        let (label, named) = {
+        let (label, first_folded) = {
             let template = template.to_str(&store)?;
             let label = store.data().route_templates.label(&template);
-            (label, cut_str(&template, MAX_TEMPLATE_BYTES).to_string())
+            // The template is copied only for the one WARN line a guest gets.
+            let first_folded = matches!(label, Label::Folded { first: true })
+                .then(|| cut_str(&template, MAX_TEMPLATE_BYTES).to_string());
+            (label, first_folded)
         };
-        set_route(store.data_mut(), label, &named);
+        set_route(
+            store.data_mut(),
+            label,
+            first_folded.as_deref().unwrap_or_default(),
+        );
         Ok(())
     })?;
     Ok(())

@@ -61,12 +61,17 @@ pub fn value(samples: &[Sample], name: &str, labels: &[(&str, &str)]) -> f64 {
         .map_or(0.0, |sample| sample.value)
 }
 
-/// A fresh scrape of the host's `/metrics`, parsed.
-pub async fn scrape(host: &super::Host) -> Vec<Sample> {
+/// The host's `/metrics` page as text.
+pub async fn text(host: &super::Host) -> String {
     let response = super::client()
         .get(host.url("/metrics"))
         .send()
         .await
         .unwrap();
-    parse(&response.text().await.unwrap())
+    response.text().await.unwrap()
+}
+
+/// A fresh scrape of the host's `/metrics`, parsed.
+pub async fn scrape(host: &super::Host) -> Vec<Sample> {
+    parse(&text(host).await)
 }
