@@ -40,7 +40,11 @@ pub async fn create_many(host: &Host, count: usize, in_flight: usize, name: &str
         }));
     }
     for task in tasks {
-        task.await.unwrap();
+        if let Err(failed) = task.await {
+            // The host's own account of what went wrong, for a failure that shows only on CI.
+            let errors = host.log_lines_where(|line| line["level"] == "ERROR");
+            panic!("{failed}; the host's error lines: {errors:#?}");
+        }
     }
 }
 

@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use http_body_util::BodyExt;
 use tokio::sync::oneshot;
 use tracing::Instrument;
-use wasmtime::{Store, StoreLimitsBuilder, UpdateDeadline};
+use wasmtime::{PoolConcurrencyLimitError, Store, StoreLimitsBuilder, UpdateDeadline};
 use wasmtime_wasi_http::WasiHttpView;
 use wasmtime_wasi_http::p2::bindings::http::types::Scheme;
 
@@ -141,6 +141,11 @@ impl Guest {
             Err(_) => Err(Error::GuestFailed(match task.await {
                 Ok(Ok(())) => "guest returned without sending a response".to_string(),
                 Ok(Err(trap)) if trap.is::<DeadlineExceeded>() => return Err(Error::Timeout),
+                // The permit promises a pool slot; should the pool still come up empty, that is
+                // a lack of capacity, as when no permit comes free, not a fault of the guest.
+                Ok(Err(error)) if error.is::<PoolConcurrencyLimitError>() => {
+                    return Err(Error::Busy);
+                }
                 Ok(Err(trap)) => one_line(trap),
                 Err(join_error) => join_error.to_string(),
             })),

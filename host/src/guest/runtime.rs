@@ -50,8 +50,6 @@ pub const EPOCH_TICK: Duration = Duration::from_millis(2);
 
 /// Bytes of each memory and table slot reset by memset and kept resident between requests.
 const KEEP_RESIDENT_BYTES: usize = 2 << 20;
-/// Slots decommitted per system call.
-const DECOMMIT_BATCH: usize = 16;
 
 /// How long a request waits for a free instance slot before it is answered 503.
 pub const SLOT_WAIT: Duration = Duration::from_secs(1);
@@ -139,8 +137,11 @@ fn engine_config(limits: &GuestLimits) -> wasmtime::Config {
         .table_keep_resident(KEEP_RESIDENT_BYTES)
         // Where Linux offers PAGEMAP_SCAN (6.7+), only the pages the guest dirtied are reset.
         .pagemap_scan(Enabled::Auto)
-        // What is still decommitted is decommitted in batches, one system call per batch.
-        .decommit_batch_size(DECOMMIT_BATCH);
+        // What is still decommitted is decommitted at once, by the thread dropping the store:
+        // batched, a freed slot waits in a queue that another thread may be flushing while a
+        // request holding an instance permit finds the pool empty (seen as a spurious 500 with
+        // two slots under load). Unbatched, a slot is back in the pool before its permit is.
+        .decommit_batch_size(1);
     let mut config = wasmtime::Config::new();
     config
         .epoch_interruption(true)
