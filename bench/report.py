@@ -34,7 +34,8 @@ def criterion_ns(group, bench):
 contenders = [
     ("native-hyper", "native tokio + hyper"),
     ("host-minimal", "our host + minimal guest"),
-    ("host-real", "our host + real guest, full telemetry"),
+    ("host-real", "our host + real guest, full telemetry (spans to a Jaeger agent, UDP)"),
+    ("host-real-otlp", "our host + real guest, full telemetry (spans over OTLP/HTTP to a local receiver)"),
     ("wasmtime-serve-minimal", "wasmtime serve + minimal guest"),
 ]
 runs = {name: read(name) for name, _ in contenders}
@@ -65,6 +66,8 @@ rows = [
      ratio(throughput["host-minimal"], serve), ">= 2.0", lambda v: v >= 2.0, "{:.2f}"),
     ("throughput, host + real guest (full telemetry) / wasmtime serve + minimal guest",
      ratio(throughput["host-real"], serve), ">= 1.0", lambda v: v >= 1.0, "{:.2f}"),
+    ("throughput, host + real guest with OTLP/HTTP export / with Jaeger agent export",
+     ratio(throughput["host-real-otlp"], throughput["host-real"]), "", None, "{:.2f}"),
     ("fib(30) in the guest (epoch deadline on) / native",
      fib["in_guest_ratio"] if fib else None, "<= 1.3", lambda v: v <= 1.3, "{:.2f}"),
     ("reference: the same function on a bare wasmtime engine, epochs on / native",

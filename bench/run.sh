@@ -87,6 +87,26 @@ PIDS+=($!)
 for _ in $(seq 1 100); do [ -s "$RESULTS/agent-port" ] && break; sleep 0.05; done
 AGENT_PORT=$(cat "$RESULTS/agent-port")
 
+# A local OTLP/HTTP receiver for the OTLP row: it reads each export and answers 200 with an
+# empty ExportTraceServiceResponse (an empty protobuf message is zero bytes). Free port, as above.
+python3 -u -c '
+import http.server
+class Receiver(http.server.BaseHTTPRequestHandler):
+    def do_POST(self):
+        self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        self.send_response(200)
+        self.send_header("Content-Type", "application/x-protobuf")
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+    def log_message(self, *args):
+        pass
+server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Receiver)
+print(server.server_address[1])
+server.serve_forever()' > "$RESULTS/otlp-port" &
+PIDS+=($!)
+for _ in $(seq 1 100); do [ -s "$RESULTS/otlp-port" ] && break; sleep 0.05; done
+OTLP_PORT=$(cat "$RESULTS/otlp-port")
+
 start_host() { # port guest [host flags...]
   GUEST_CACHE_DIR="$CACHE" LOG_FILE="$RESULTS/app.log" RUST_LOG=info \
     OTEL_EXPORTER_JAEGER_AGENT_HOST=127.0.0.1 OTEL_EXPORTER_JAEGER_AGENT_PORT="$AGENT_PORT" \
@@ -105,6 +125,10 @@ measure() {
       start_host 18082 "$WASM/minimal_guest.wasm"; load "$1" http://127.0.0.1:18082/api/health ;;
     host-real)
       start_host 18083 "$WASM/guest.wasm"; load "$1" http://127.0.0.1:18083/api/health ;;
+    host-real-otlp)
+      OTEL_TRACES_EXPORTER=otlp OTEL_EXPORTER_OTLP_ENDPOINT="http://127.0.0.1:$OTLP_PORT" \
+        start_host 18089 "$WASM/guest.wasm"
+      load "$1" http://127.0.0.1:18089/api/health ;;
     wasmtime-serve-minimal)
       command -v wasmtime >/dev/null || return 0
       wasmtime serve -Scli --addr 127.0.0.1:18084 "$WASM/minimal_guest.wasm" >/dev/null 2>&1 & PIDS+=($!)
@@ -116,7 +140,7 @@ measure() {
 
 # Two rounds in opposite orders; the report keeps each contender's better round, since a
 # neighbour on a shared machine can only slow a run down.
-CONTENDERS=(native-hyper host-minimal host-real wasmtime-serve-minimal)
+CONTENDERS=(native-hyper host-minimal host-real host-real-otlp wasmtime-serve-minimal)
 echo "== throughput (wrk -t2 -c$CONNECTIONS, ${SECONDS_PER_RUN}s each, GET /api/health, two rounds)"
 command -v wasmtime >/dev/null ||
   echo "  wasmtime serve: skipped, no wasmtime CLI (cargo install wasmtime-cli --version 48.0.8 --locked)"

@@ -9,6 +9,7 @@ use clap::builder::BoolishValueParser;
 
 use crate::error::Error;
 use crate::guest::ProbePath;
+use crate::otel_env::{self, SpanExport};
 use crate::user_store::StoreChoice;
 use crate::user_store::postgres::PostgresSettings;
 
@@ -56,9 +57,21 @@ pub const DEFAULT_PROBE_PATH: &str = "/api/health";
 /// Where the JSON log lines are appended, relative to the working directory.
 pub const DEFAULT_LOG_FILE: &str = "logs/app.log";
 
+/// The OpenTelemetry SDK's variables, read from the environment only (as every SDK reads them).
+const OTEL_HELP: &str = "\
+Span export, as every OpenTelemetry SDK is configured (environment only):
+  OTEL_TRACES_EXPORTER                 jaeger (UDP agent, the default) | otlp | none
+  OTEL_EXPORTER_OTLP_ENDPOINT          collector base URL [http://localhost:4318; grpc: :4317]
+  OTEL_EXPORTER_OTLP_TRACES_ENDPOINT   full URL for spans (wins over the base URL)
+  OTEL_EXPORTER_OTLP_PROTOCOL          http/protobuf (the default) | grpc
+  OTEL_EXPORTER_OTLP_HEADERS           key=value,... sent with every export
+  OTEL_EXPORTER_OTLP_TIMEOUT           milliseconds per export [10000]
+  OTEL_RESOURCE_ATTRIBUTES             key=value,... on every span's resource
+  OTEL_SDK_DISABLED                    true: export no spans";
+
 /// Serves the tutorial service's guest component over HTTP.
 #[derive(Debug, Clone, Parser)]
-#[command(name = "host", version, about)]
+#[command(name = "host", version, about, after_help = OTEL_HELP)]
 pub struct Config {
     /// Guest component to serve (a wasi-http component; `make build` produces the default one).
     #[arg(long, env = "GUEST_COMPONENT", default_value_os_t = default_guest_path())]
@@ -222,23 +235,45 @@ impl Config {
         }
     }
 
-    /// Where spans go and under which name. An empty setting counts as unset, as OpenTelemetry's
-    /// SDKs treat their environment variables; the batch processor reads `OTEL_BSP_*` itself.
-    pub fn telemetry(&self) -> TelemetrySettings {
+    /// Where spans go, under which name and resource: the flags above, then the OpenTelemetry
+    /// SDK's variables ([`crate::otel_env`]). An empty setting counts as unset, as the SDKs
+    /// treat their environment variables; the batch processor reads `OTEL_BSP_*` itself.
+    pub fn telemetry(&self) -> Result<TelemetrySettings, Error> {
+        self.telemetry_from(&|name: &str| std::env::var(name).ok())
+    }
+
+    /// [`Config::telemetry`], with the SDK's variables read through `var`.
+    pub fn telemetry_from(
+        &self,
+        var: &impl Fn(&str) -> Option<String>,
+    ) -> Result<TelemetrySettings, Error> {
         let text = |setting: &Option<String>, default: &str| {
             setting
                 .clone()
                 .filter(|value| !value.is_empty())
                 .unwrap_or_else(|| default.to_string())
         };
-        TelemetrySettings {
-            service_name: text(&self.service_name, DEFAULT_SERVICE_NAME),
-            jaeger_agent_host: text(&self.jaeger_agent_host, DEFAULT_JAEGER_AGENT_HOST),
-            jaeger_agent_port: self
-                .jaeger_agent_port
+        let jaeger_agent = (
+            text(&self.jaeger_agent_host, DEFAULT_JAEGER_AGENT_HOST),
+            self.jaeger_agent_port
                 .and_then(|MaybePort(port)| port)
                 .unwrap_or(DEFAULT_JAEGER_AGENT_PORT),
-        }
+        );
+        let resource_attributes = otel_env::resource_attributes(var)?;
+        // `OTEL_SERVICE_NAME` wins over a `service.name` in `OTEL_RESOURCE_ATTRIBUTES`, which
+        // wins over the default, as the SDK specification orders them.
+        let named_in_attributes = resource_attributes
+            .iter()
+            .find(|(key, value)| key == "service.name" && !value.is_empty())
+            .map(|(_, value)| value.as_str());
+        Ok(TelemetrySettings {
+            service_name: text(
+                &self.service_name,
+                named_in_attributes.unwrap_or(DEFAULT_SERVICE_NAME),
+            ),
+            export: otel_env::span_export(var, jaeger_agent)?,
+            resource_attributes,
+        })
     }
 
     /// The socket address to listen on.
@@ -247,15 +282,15 @@ impl Config {
     }
 }
 
-/// Where spans go and under which name.
+/// Where spans go and what describes this process on them.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TelemetrySettings {
-    /// `service.name` of every span.
+    /// `service.name` of every span; wins over one in `OTEL_RESOURCE_ATTRIBUTES`.
     pub service_name: String,
-    /// The Jaeger agent's host.
-    pub jaeger_agent_host: String,
-    /// The Jaeger agent's UDP port.
-    pub jaeger_agent_port: u16,
+    /// The exporter and its destination.
+    pub export: SpanExport,
+    /// `OTEL_RESOURCE_ATTRIBUTES`, on the resource of every span.
+    pub resource_attributes: Vec<(String, String)>,
 }
 
 /// A port setting: a port, or nothing when the setting is empty.
@@ -440,12 +475,16 @@ mod tests {
                 .chain(["--jaeger-agent-port", ""]),
         )
         .unwrap();
+        let no_variables = |_: &str| None;
         assert_eq!(
-            config.telemetry(),
+            config.telemetry_from(&no_variables).unwrap(),
             TelemetrySettings {
                 service_name: DEFAULT_SERVICE_NAME.to_string(),
-                jaeger_agent_host: DEFAULT_JAEGER_AGENT_HOST.to_string(),
-                jaeger_agent_port: DEFAULT_JAEGER_AGENT_PORT,
+                export: SpanExport::JaegerAgent {
+                    host: DEFAULT_JAEGER_AGENT_HOST.to_string(),
+                    port: DEFAULT_JAEGER_AGENT_PORT,
+                },
+                resource_attributes: Vec::new(),
             }
         );
         let set = Config::try_parse_from([
@@ -458,9 +497,15 @@ mod tests {
             "7000",
         ])
         .unwrap();
-        assert_eq!(set.telemetry().service_name, "svc");
-        assert_eq!(set.telemetry().jaeger_agent_host, "agent");
-        assert_eq!(set.telemetry().jaeger_agent_port, 7000);
+        let settings = set.telemetry_from(&no_variables).unwrap();
+        assert_eq!(settings.service_name, "svc");
+        assert_eq!(
+            settings.export,
+            SpanExport::JaegerAgent {
+                host: "agent".to_string(),
+                port: 7000
+            }
+        );
         for bad in ["0", "65536", "x"] {
             assert!(Config::try_parse_from(["host", "--jaeger-agent-port", bad]).is_err());
         }

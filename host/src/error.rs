@@ -37,6 +37,15 @@ pub enum Error {
     /// `--store` is neither `memory` nor a usable PostgreSQL URL. Never holds the URL itself.
     #[error("invalid --store / USER_STORE / DATABASE_URL: {0}")]
     StoreSetting(String),
+    /// An OpenTelemetry environment variable holds a value the host cannot use. Never holds the
+    /// value itself: headers carry API keys.
+    #[error("{variable}: {reason}")]
+    TelemetrySetting {
+        /// The variable's name.
+        variable: &'static str,
+        /// What is wrong with it.
+        reason: String,
+    },
     /// PostgreSQL could not be reached, or its schema set up, at start.
     #[error("cannot reach the user store at {target} (waited {:.1} s): {reason}", waited.as_secs_f64())]
     StoreUnreachable {

@@ -1,7 +1,8 @@
 //! Telemetry set-up and the request's server span: the one place that names spans and their
 //! fields, installs the exporter and the log writers, and flushes them at shutdown.
 //!
-//! Spans go to a Jaeger agent over UDP (batched, off the request path); log lines go, as JSON,
+//! Spans go to a Jaeger agent over UDP or to an OTLP collector over HTTP or gRPC (batched, off
+//! the request path, as `OTEL_TRACES_EXPORTER` says); log lines go, as JSON,
 //! to stdout and to the log file through non-blocking writers. `RUST_LOG` filters the logs only:
 //! spans are exported whatever the log level.
 
@@ -9,8 +10,11 @@ use std::io::{BufWriter, Write};
 use std::path::Path;
 
 use http::{HeaderMap, Method};
+use opentelemetry::KeyValue;
 use opentelemetry::propagation::Extractor;
 use opentelemetry::trace::{TraceContextExt, TracerProvider as _};
+use opentelemetry_sdk::Resource;
+use opentelemetry_sdk::export::trace::SpanExporter;
 use opentelemetry_sdk::propagation::TraceContextPropagator;
 use opentelemetry_sdk::trace::{BatchConfigBuilder, BatchSpanProcessor};
 use tracing::field::Empty;
@@ -24,6 +28,7 @@ use tracing_subscriber::util::SubscriberInitExt;
 
 use crate::config::TelemetrySettings;
 use crate::logs::{JsonFieldSets, JsonLines};
+use crate::otel_env::{OtlpProtocol, OtlpSettings, SpanExport};
 
 /// Longest `url.path` recorded on a span: a span must fit in one UDP packet to the agent.
 const MAX_RECORDED_PATH: usize = 1024;
@@ -103,8 +108,8 @@ pub fn init(log_file: &Path, settings: &TelemetrySettings) -> TelemetryGuard {
     opentelemetry::global::set_text_map_propagator(TraceContextPropagator::new());
     // An unreachable agent must cost nothing: its send errors are not worth a line each.
     let _ = opentelemetry::global::set_error_handler(|_| {});
-    let (tracer, exporter_error) = match jaeger_tracer(settings) {
-        Ok(tracer) => (Some(tracer), None),
+    let (tracer, exporter_error) = match tracer(settings) {
+        Ok(tracer) => (tracer, None),
         Err(error) => (None, Some(error)),
     };
     let spans = tracer.map(|tracer| {
@@ -140,39 +145,137 @@ fn open_append(path: &Path) -> std::io::Result<std::fs::File> {
         .open(path)
 }
 
-fn jaeger_tracer(
+/// The tracer of the exporter `settings` choose, installed as the global provider; `None` when
+/// spans are not exported.
+fn tracer(
     settings: &TelemetrySettings,
-) -> Result<opentelemetry_sdk::trace::Tracer, opentelemetry::trace::TraceError> {
-    let TelemetrySettings {
-        service_name,
-        jaeger_agent_host: host,
-        jaeger_agent_port: port,
-    } = settings;
-    // The agent exporter is deprecated upstream in favour of OTLP, but the contract (and the
-    // Jaeger all-in-one users run) speak the agent's UDP protocol; allow that one warning here.
-    #[allow(deprecated)]
-    let exporter = opentelemetry_jaeger::new_agent_pipeline()
-        .with_endpoint(agent_endpoint(host, *port))
-        .with_service_name(service_name.clone())
-        // Without splitting, a batch over the 65,000-byte UDP limit is dropped whole.
-        .with_auto_split_batch(true)
-        .with_instrumentation_library_tags(false)
-        // The exporter's async agent client hands tokio a blocking UDP socket (tokio asserts
-        // against that); the sync client sends from the batch task, and a UDP send never waits.
-        .build_sync_agent_exporter()?;
+) -> Result<Option<opentelemetry_sdk::trace::Tracer>, opentelemetry::trace::TraceError> {
+    let resource = resource(settings);
     let mut batch = BatchConfigBuilder::default();
-    if std::env::var_os("OTEL_BSP_MAX_EXPORT_BATCH_SIZE").is_none() {
-        batch = batch.with_max_export_batch_size(SPANS_PER_BATCH);
+    let tracer = match &settings.export {
+        SpanExport::Off => return Ok(None),
+        SpanExport::JaegerAgent { host, port } => {
+            // The agent exporter is deprecated upstream in favour of OTLP, but the contract (and
+            // Jaeger's `jaeger` receiver) speak the agent's UDP protocol; allow that warning here.
+            #[allow(deprecated)]
+            let exporter = opentelemetry_jaeger::new_agent_pipeline()
+                .with_endpoint(agent_endpoint(host, *port))
+                .with_service_name(settings.service_name.clone())
+                .with_trace_config(
+                    opentelemetry_sdk::trace::config().with_resource(resource.clone()),
+                )
+                // Without splitting, a batch over the 65,000-byte UDP limit is dropped whole.
+                .with_auto_split_batch(true)
+                .with_instrumentation_library_tags(false)
+                // The exporter's async agent client hands tokio a blocking UDP socket (tokio
+                // asserts against that); the sync client sends from the batch task, and a UDP
+                // send never waits.
+                .build_sync_agent_exporter()?;
+            if std::env::var_os("OTEL_BSP_MAX_EXPORT_BATCH_SIZE").is_none() {
+                batch = batch.with_max_export_batch_size(SPANS_PER_BATCH);
+            }
+            install(exporter, batch, resource)
+        }
+        SpanExport::Otlp(otlp) => {
+            // The batch processor drops an export that outlives this, whatever the transport
+            // does; the exporter itself reads `OTEL_EXPORTER_OTLP_TIMEOUT` as seconds.
+            if std::env::var_os("OTEL_BSP_EXPORT_TIMEOUT").is_none() {
+                batch = batch.with_max_export_timeout(otlp.timeout);
+            }
+            install(otlp_exporter(otlp)?, batch, resource)
+        }
+    };
+    Ok(Some(tracer))
+}
+
+/// An OTLP exporter over the settings' transport, async on the host's runtime: reqwest for
+/// HTTP, tonic for gRPC (connected lazily, so a collector that is not up yet is no error).
+fn otlp_exporter(
+    otlp: &OtlpSettings,
+) -> Result<opentelemetry_otlp::SpanExporter, opentelemetry::trace::TraceError> {
+    use opentelemetry_otlp::WithExportConfig;
+    match otlp.protocol {
+        OtlpProtocol::HttpProtobuf => opentelemetry_otlp::new_exporter()
+            .http()
+            .with_endpoint(&otlp.endpoint)
+            .with_timeout(otlp.timeout)
+            .with_headers(otlp.headers.iter().cloned().collect())
+            .build_span_exporter(),
+        OtlpProtocol::Grpc => {
+            let mut metadata = tonic::metadata::MetadataMap::new();
+            for (name, value) in &otlp.headers {
+                // Checked as HTTP headers at start; gRPC metadata keys are the same, lower-cased.
+                if let (Ok(key), Ok(value)) = (
+                    tonic::metadata::AsciiMetadataKey::from_bytes(
+                        name.to_ascii_lowercase().as_bytes(),
+                    ),
+                    value.parse(),
+                ) {
+                    metadata.insert(key, value);
+                }
+            }
+            opentelemetry_otlp::new_exporter()
+                .tonic()
+                .with_endpoint(&otlp.endpoint)
+                .with_timeout(otlp.timeout)
+                .with_metadata(metadata)
+                .build_span_exporter()
+        }
     }
+}
+
+/// Sends `exporter`'s spans in batches from a task of its own, and installs the provider.
+fn install<E: SpanExporter + 'static>(
+    exporter: E,
+    batch: BatchConfigBuilder,
+    resource: Resource,
+) -> opentelemetry_sdk::trace::Tracer {
+    // The queue is bounded (`OTEL_BSP_MAX_QUEUE_SIZE`, 2,048): when the exporter falls behind,
+    // new spans are dropped, never waited for.
     let processor = BatchSpanProcessor::builder(exporter, opentelemetry_sdk::runtime::Tokio)
         .with_batch_config(batch.build())
         .build();
     let provider = opentelemetry_sdk::trace::TracerProvider::builder()
         .with_span_processor(processor)
+        .with_config(opentelemetry_sdk::trace::config().with_resource(resource))
         .build();
     let tracer = provider.tracer("host");
     opentelemetry::global::set_tracer_provider(provider);
-    Ok(tracer)
+    tracer
+}
+
+/// What every span says of the process that sent it: the service and its version, this
+/// process among the service's replicas, the machine, and `OTEL_RESOURCE_ATTRIBUTES`.
+fn resource(settings: &TelemetrySettings) -> Resource {
+    let detected = Resource::new([
+        KeyValue::new("service.version", env!("CARGO_PKG_VERSION")),
+        KeyValue::new("service.instance.id", uuid::Uuid::new_v4().to_string()),
+        KeyValue::new("host.name", host_name()),
+    ]);
+    let from_environment = Resource::new(
+        settings
+            .resource_attributes
+            .iter()
+            .map(|(key, value)| KeyValue::new(key.clone(), value.clone())),
+    );
+    let name = Resource::new([KeyValue::new("service.name", settings.service_name.clone())]);
+    // Later wins: what the user set over what was detected, the service name over both.
+    detected.merge(&from_environment).merge(&name)
+}
+
+/// This machine's host name, as `hostname` prints it.
+fn host_name() -> String {
+    let mut buffer = [0u8; 256];
+    // SAFETY: the pointer and length describe `buffer`, which gethostname writes within.
+    let status = unsafe { libc::gethostname(buffer.as_mut_ptr().cast(), buffer.len()) };
+    if status != 0 {
+        return "unknown".to_string();
+    }
+    let end = buffer
+        .iter()
+        .position(|&byte| byte == 0)
+        .unwrap_or(buffer.len());
+    String::from_utf8_lossy(&buffer[..end]).into_owned()
 }
 
 /// `host:port`, with an IPv6 address in brackets.
@@ -209,6 +312,7 @@ pub fn request_span(
         http.route = Empty,
         url.path = path,
         http.response.status_code = Empty,
+        guest.version = Empty,
         request_id,
         trace_id = Empty,
         span_id = Empty,

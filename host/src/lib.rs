@@ -4,6 +4,7 @@
 //! guest, pre-instantiated once at start. What outlives a request lives here, in host state:
 //!
 //! - [`config`]: flags and environment variables, validated before anything binds;
+//! - [`otel_env`]: the OpenTelemetry SDK's variables: which exporter, where, what resource;
 //! - [`bindings`]: the one `bindgen!` of the service's WIT world;
 //! - [`error`]: the one error type;
 //! - [`guest`]: the engine and its slots, loading a component, its probe, and running one
@@ -31,6 +32,7 @@ pub mod guest;
 pub mod instrument;
 pub mod logs;
 pub mod metrics;
+pub mod otel_env;
 pub mod reload;
 pub mod request_body;
 pub mod request_state;

@@ -26,6 +26,13 @@ const EVENT_INTERVAL: u32 = 4;
 
 fn main() -> ExitCode {
     let config = Config::parse();
+    let telemetry_settings = match config.telemetry() {
+        Ok(settings) => settings,
+        Err(error) => {
+            eprintln!("error: {error}");
+            return ExitCode::FAILURE;
+        }
+    };
     // A worker running guests polls the network only every `event_interval` scheduler ticks; a
     // guest yields at every epoch tick, so the default (61) would let computations delay the
     // accept loop and cheap requests by tens of milliseconds.
@@ -36,7 +43,7 @@ fn main() -> ExitCode {
         .expect("starting the tokio runtime");
     // The exporter's batch task lives in the runtime, so telemetry starts inside it.
     let telemetry =
-        runtime.block_on(async { instrument::init(&config.log_file, &config.telemetry()) });
+        runtime.block_on(async { instrument::init(&config.log_file, &telemetry_settings) });
     let outcome = runtime.block_on(run(config));
     // Flush spans and logs from this (blocking) thread while the runtime still runs the
     // exporter's task; then let the runtime go.

@@ -172,6 +172,8 @@ impl App {
             Arc::clone(matched_route),
         );
         let serving = self.serving_guest();
+        // The guest changes with a swap: each request span says which one answered it.
+        span.record("guest.version", serving.version.as_str());
         let response = match serving.guest.handle(state, request).await {
             Ok(response) => response,
             Err(Error::Timeout) => {

@@ -4,6 +4,7 @@
 
 pub mod jaeger;
 pub mod lists;
+pub mod otlp;
 pub mod postgres;
 pub mod prometheus;
 
@@ -13,6 +14,30 @@ use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+
+/// Runs `command` (its host variables cleared) to its exit, killing it after `limit`: a host
+/// that should refuse to start but starts must fail the test, not hang it.
+pub fn run_to_exit(mut command: Command, limit: Duration) -> std::process::Output {
+    for var in CONFIG_VARS {
+        if command.get_envs().all(|(name, _)| name != *var) {
+            command.env_remove(var);
+        }
+    }
+    let mut child = command
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + limit;
+    while child.try_wait().unwrap().is_none() {
+        if std::time::Instant::now() > deadline {
+            child.kill().unwrap();
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child.wait_with_output().unwrap()
+}
 
 /// How long a host may take to start before the test fails.
 const START_TIMEOUT: Duration = Duration::from_secs(60);
@@ -33,6 +58,14 @@ const CONFIG_VARS: &[&str] = &[
     "OTEL_SERVICE_NAME",
     "OTEL_EXPORTER_JAEGER_AGENT_HOST",
     "OTEL_EXPORTER_JAEGER_AGENT_PORT",
+    "OTEL_TRACES_EXPORTER",
+    "OTEL_SDK_DISABLED",
+    "OTEL_EXPORTER_OTLP_ENDPOINT",
+    "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+    "OTEL_EXPORTER_OTLP_PROTOCOL",
+    "OTEL_EXPORTER_OTLP_HEADERS",
+    "OTEL_EXPORTER_OTLP_TIMEOUT",
+    "OTEL_RESOURCE_ATTRIBUTES",
     "USER_STORE",
     "DATABASE_URL",
     "STORE_POOL_SIZE",

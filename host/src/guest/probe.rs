@@ -23,6 +23,24 @@ pub enum ProbePath {
 /// The most of a probe's response body that is read.
 const MAX_PROBE_BODY_BYTES: usize = 64 * 1024;
 
+/// The longest guest version kept: it goes on every request span and log line.
+const MAX_VERSION_BYTES: usize = 64;
+
+/// The `version` of a health body: 1 to [`MAX_VERSION_BYTES`] printable ASCII characters, else
+/// `unknown`.
+fn reported_version(body: &[u8]) -> String {
+    serde_json::from_slice::<serde_json::Value>(body)
+        .ok()
+        .and_then(|health| health["version"].as_str().map(str::to_string))
+        .filter(|version| {
+            (1..=MAX_VERSION_BYTES).contains(&version.len())
+                && version
+                    .bytes()
+                    .all(|byte| byte.is_ascii_graphic() || byte == b' ')
+        })
+        .unwrap_or_else(|| "unknown".to_string())
+}
+
 /// How long the probe of a new guest may take.
 pub const PROBE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
 
@@ -53,13 +71,36 @@ impl Guest {
                     "probe GET {path} answered {status}"
                 )));
             }
-            let version = serde_json::from_slice::<serde_json::Value>(&body)
-                .ok()
-                .and_then(|health| health["version"].as_str().map(str::to_string));
-            Ok(version.unwrap_or_else(|| "unknown".to_string()))
+            Ok(reported_version(&body))
         };
         tokio::time::timeout(PROBE_TIMEOUT, probe)
             .await
             .map_err(|_| Error::GuestFailed(format!("probe GET {path} timed out")))?
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_reported_version_is_kept_only_when_short_and_printable() {
+        assert_eq!(reported_version(br#"{"version":"1.2.3"}"#), "1.2.3");
+        let long = format!(r#"{{"version":"{}"}}"#, "9".repeat(65));
+        for body in [
+            &br#"{"status":"healthy"}"#[..],
+            br#"{"version":""}"#,
+            br#"{"version":"1.0\n"}"#,
+            br#"{"version":7}"#,
+            b"not json",
+            long.as_bytes(),
+        ] {
+            assert_eq!(
+                reported_version(body),
+                "unknown",
+                "{}",
+                String::from_utf8_lossy(body)
+            );
+        }
     }
 }

@@ -1,0 +1,472 @@
+//! The OpenTelemetry SDK's environment variables that choose where spans go and what describes
+//! the process, read and checked once at start: a bad value is an error that names its
+//! variable, never a silent fallback. An empty variable counts as unset, as the SDK
+//! specification says.
+
+use std::time::Duration;
+
+use crate::error::Error;
+
+/// `OTEL_TRACES_EXPORTER`: `jaeger` (the default), `otlp` or `none`.
+pub const TRACES_EXPORTER: &str = "OTEL_TRACES_EXPORTER";
+/// `OTEL_SDK_DISABLED`: `true` exports nothing, whatever the exporter.
+pub const SDK_DISABLED: &str = "OTEL_SDK_DISABLED";
+/// The collector's base URL; over HTTP, `/v1/traces` is appended.
+pub const OTLP_ENDPOINT: &str = "OTEL_EXPORTER_OTLP_ENDPOINT";
+/// The full URL spans are sent to; wins over [`OTLP_ENDPOINT`].
+pub const OTLP_TRACES_ENDPOINT: &str = "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT";
+/// `http/protobuf` (the default) or `grpc`.
+pub const OTLP_PROTOCOL: &str = "OTEL_EXPORTER_OTLP_PROTOCOL";
+/// `key=value,...` sent with every export, values percent-encoded.
+pub const OTLP_HEADERS: &str = "OTEL_EXPORTER_OTLP_HEADERS";
+/// Milliseconds one export may take.
+pub const OTLP_TIMEOUT: &str = "OTEL_EXPORTER_OTLP_TIMEOUT";
+/// `key=value,...` added to the resource of every span, values percent-encoded.
+pub const RESOURCE_ATTRIBUTES: &str = "OTEL_RESOURCE_ATTRIBUTES";
+
+/// Every variable this module reads, for `--help` and for tests that start from a clean slate.
+pub const VARIABLES: &[&str] = &[
+    TRACES_EXPORTER,
+    SDK_DISABLED,
+    OTLP_ENDPOINT,
+    OTLP_TRACES_ENDPOINT,
+    OTLP_PROTOCOL,
+    OTLP_HEADERS,
+    OTLP_TIMEOUT,
+    RESOURCE_ATTRIBUTES,
+];
+
+/// The collector's address over HTTP unless told otherwise.
+pub const DEFAULT_HTTP_ENDPOINT: &str = "http://localhost:4318";
+/// The collector's address over gRPC unless told otherwise.
+pub const DEFAULT_GRPC_ENDPOINT: &str = "http://localhost:4317";
+/// What one export may take unless `OTEL_EXPORTER_OTLP_TIMEOUT` says otherwise (the SDK's 10 s).
+pub const DEFAULT_OTLP_TIMEOUT: Duration = Duration::from_secs(10);
+/// The path OTLP/HTTP appends to a base endpoint for spans.
+const HTTP_TRACES_PATH: &str = "v1/traces";
+/// Longest accepted export timeout: a minute is already far beyond any collector's answer.
+const MAX_OTLP_TIMEOUT_MS: u64 = 60_000;
+/// Most `key=value` pairs in a list variable, and the longest such variable: they travel with
+/// every export.
+const MAX_PAIRS: usize = 64;
+const MAX_LIST_BYTES: usize = 8 * 1024;
+
+/// Where the host's spans go.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SpanExport {
+    /// Nowhere: `OTEL_TRACES_EXPORTER=none` or `OTEL_SDK_DISABLED=true`.
+    Off,
+    /// Thrift over UDP to a Jaeger agent, at this `host:port`.
+    JaegerAgent {
+        /// The agent's host name or address.
+        host: String,
+        /// The agent's UDP port.
+        port: u16,
+    },
+    /// OTLP to a collector.
+    Otlp(OtlpSettings),
+}
+
+/// How spans reach an OTLP collector.
+#[derive(Clone, PartialEq, Eq)]
+pub struct OtlpSettings {
+    /// HTTP with protobuf bodies, or gRPC.
+    pub protocol: OtlpProtocol,
+    /// The URL exports go to: over HTTP the full path (`.../v1/traces`), over gRPC the server.
+    pub endpoint: String,
+    /// Sent with every export; they often hold an API key, so `Debug` leaves their values out.
+    pub headers: Vec<(String, String)>,
+    /// The longest one export may take; a slower collector loses that batch.
+    pub timeout: Duration,
+}
+
+impl std::fmt::Debug for OtlpSettings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let header_names: Vec<&str> = self.headers.iter().map(|(name, _)| name.as_str()).collect();
+        f.debug_struct("OtlpSettings")
+            .field("protocol", &self.protocol)
+            .field("endpoint", &self.endpoint)
+            .field("header_names", &header_names)
+            .field("timeout", &self.timeout)
+            .finish()
+    }
+}
+
+/// OTLP's two transports.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OtlpProtocol {
+    /// `http/protobuf`: a POST of a protobuf body to `/v1/traces` (port 4318).
+    HttpProtobuf,
+    /// `grpc`: the `TraceService/Export` call (port 4317).
+    Grpc,
+}
+
+/// The span export the variables ask for. `jaeger_agent` is where the `jaeger` exporter sends
+/// (its own settings are flags of [`crate::config::Config`]).
+pub fn span_export(
+    var: &impl Fn(&str) -> Option<String>,
+    jaeger_agent: (String, u16),
+) -> Result<SpanExport, Error> {
+    let read = |name: &str| var(name).filter(|value| !value.is_empty());
+    // Every variable is checked, the ones the chosen exporter ignores too: a typo in a setting
+    // meant for later should not wait until then to show.
+    let disabled = match read(SDK_DISABLED).map(|value| value.to_ascii_lowercase()) {
+        None => false,
+        Some(value) if value == "true" => true,
+        Some(value) if value == "false" => false,
+        Some(_) => return Err(bad(SDK_DISABLED, "expected `true` or `false`")),
+    };
+    let exporter = read(TRACES_EXPORTER).unwrap_or_else(|| "jaeger".to_string());
+    let otlp = otlp_settings(&read)?;
+    let export = match exporter.trim() {
+        "jaeger" => {
+            let (host, port) = jaeger_agent;
+            SpanExport::JaegerAgent { host, port }
+        }
+        "none" => SpanExport::Off,
+        "otlp" => SpanExport::Otlp(otlp),
+        other if other.contains(',') => {
+            return Err(bad(
+                TRACES_EXPORTER,
+                "expected one exporter (`jaeger`, `otlp` or `none`), not a list",
+            ));
+        }
+        _ => return Err(bad(TRACES_EXPORTER, "expected `jaeger`, `otlp` or `none`")),
+    };
+    Ok(if disabled { SpanExport::Off } else { export })
+}
+
+/// `OTEL_RESOURCE_ATTRIBUTES` as `(key, value)` pairs, values percent-decoded.
+pub fn resource_attributes(
+    var: &impl Fn(&str) -> Option<String>,
+) -> Result<Vec<(String, String)>, Error> {
+    match var(RESOURCE_ATTRIBUTES).filter(|value| !value.is_empty()) {
+        None => Ok(Vec::new()),
+        Some(list) => key_value_list(RESOURCE_ATTRIBUTES, &list),
+    }
+}
+
+fn otlp_settings(read: &impl Fn(&str) -> Option<String>) -> Result<OtlpSettings, Error> {
+    let protocol = match read(OTLP_PROTOCOL).as_deref().map(str::trim) {
+        None | Some("http/protobuf") => OtlpProtocol::HttpProtobuf,
+        Some("grpc") => OtlpProtocol::Grpc,
+        Some("http/json") => {
+            return Err(bad(
+                OTLP_PROTOCOL,
+                "`http/json` is not supported; use `http/protobuf` or `grpc`",
+            ));
+        }
+        Some(_) => return Err(bad(OTLP_PROTOCOL, "expected `http/protobuf` or `grpc`")),
+    };
+    let endpoint = match (read(OTLP_TRACES_ENDPOINT), read(OTLP_ENDPOINT)) {
+        (Some(traces), _) => checked_url(OTLP_TRACES_ENDPOINT, traces)?,
+        (None, Some(base)) => with_traces_path(protocol, checked_url(OTLP_ENDPOINT, base)?),
+        (None, None) => match protocol {
+            OtlpProtocol::HttpProtobuf => {
+                with_traces_path(protocol, DEFAULT_HTTP_ENDPOINT.to_string())
+            }
+            OtlpProtocol::Grpc => DEFAULT_GRPC_ENDPOINT.to_string(),
+        },
+    };
+    let headers = match read(OTLP_HEADERS) {
+        None => Vec::new(),
+        Some(list) => {
+            let headers = key_value_list(OTLP_HEADERS, &list)?;
+            for (name, value) in &headers {
+                // Neither is echoed: a header value is often a secret.
+                http::HeaderName::from_bytes(name.as_bytes())
+                    .map_err(|_| bad(OTLP_HEADERS, "a header name is not a valid HTTP name"))?;
+                http::HeaderValue::from_str(value)
+                    .map_err(|_| bad(OTLP_HEADERS, "a header value is not valid in HTTP"))?;
+            }
+            headers
+        }
+    };
+    let timeout = match read(OTLP_TIMEOUT) {
+        None => DEFAULT_OTLP_TIMEOUT,
+        Some(millis) => match millis.trim().parse::<u64>() {
+            Ok(millis) if (1..=MAX_OTLP_TIMEOUT_MS).contains(&millis) => {
+                Duration::from_millis(millis)
+            }
+            _ => {
+                return Err(bad(OTLP_TIMEOUT, "expected milliseconds, from 1 to 60000"));
+            }
+        },
+    };
+    Ok(OtlpSettings {
+        protocol,
+        endpoint,
+        headers,
+        timeout,
+    })
+}
+
+/// `url` if it is an `http://` URL with a host. `https://` is refused at start rather than
+/// failing at every export: this build carries no TLS stack.
+fn checked_url(variable: &'static str, url: String) -> Result<String, Error> {
+    let url = url.trim().to_string();
+    let parsed: http::Uri = url
+        .parse()
+        .map_err(|_| bad(variable, "not a URL (expected http://host:port)"))?;
+    match parsed.scheme_str() {
+        Some("http") if parsed.host().is_some_and(|host| !host.is_empty()) => Ok(url),
+        Some("https") => Err(bad(
+            variable,
+            "https is not supported by this build (no TLS); send to a collector over http://",
+        )),
+        _ => Err(bad(variable, "expected an http:// URL with a host")),
+    }
+}
+
+/// A base endpoint made the spans' URL: over HTTP, `/v1/traces` after its path, as the OTLP
+/// exporter specification says; over gRPC the service path is fixed, so the URL is kept.
+fn with_traces_path(protocol: OtlpProtocol, base: String) -> String {
+    match protocol {
+        OtlpProtocol::Grpc => base,
+        OtlpProtocol::HttpProtobuf if base.ends_with('/') => format!("{base}{HTTP_TRACES_PATH}"),
+        OtlpProtocol::HttpProtobuf => format!("{base}/{HTTP_TRACES_PATH}"),
+    }
+}
+
+/// A W3C-baggage-like list, `key=value,key=value`, values percent-decoded, spaces around items
+/// trimmed. The error never repeats the text: it may hold a secret.
+fn key_value_list(variable: &'static str, list: &str) -> Result<Vec<(String, String)>, Error> {
+    if list.len() > MAX_LIST_BYTES {
+        return Err(bad(variable, "longer than 8 KiB"));
+    }
+    let mut pairs = Vec::new();
+    for item in list
+        .split(',')
+        .map(str::trim)
+        .filter(|item| !item.is_empty())
+    {
+        let Some((key, value)) = item.split_once('=') else {
+            return Err(bad(
+                variable,
+                "expected key=value pairs separated by commas",
+            ));
+        };
+        let key = key.trim();
+        if key.is_empty() {
+            return Err(bad(variable, "a key is empty"));
+        }
+        let value = percent_encoding::percent_decode_str(value.trim())
+            .decode_utf8()
+            .map_err(|_| bad(variable, "a value is not UTF-8 once percent-decoded"))?;
+        pairs.push((key.to_string(), value.into_owned()));
+        if pairs.len() > MAX_PAIRS {
+            return Err(bad(variable, "more than 64 pairs"));
+        }
+    }
+    Ok(pairs)
+}
+
+fn bad(variable: &'static str, reason: &str) -> Error {
+    Error::TelemetrySetting {
+        variable,
+        reason: reason.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn vars(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
+        let pairs: Vec<(String, String)> = pairs
+            .iter()
+            .map(|(name, value)| (name.to_string(), value.to_string()))
+            .collect();
+        move |name: &str| {
+            pairs
+                .iter()
+                .find(|(key, _)| key == name)
+                .map(|(_, value)| value.clone())
+        }
+    }
+
+    fn agent() -> (String, u16) {
+        ("agent".to_string(), 6831)
+    }
+
+    fn otlp(pairs: &[(&str, &str)]) -> OtlpSettings {
+        let mut all = vec![(TRACES_EXPORTER, "otlp")];
+        all.extend_from_slice(pairs);
+        match span_export(&vars(&all), agent()).unwrap() {
+            SpanExport::Otlp(settings) => settings,
+            other => panic!("expected OTLP, got {other:?}"),
+        }
+    }
+
+    fn refused(pairs: &[(&str, &str)]) -> String {
+        span_export(&vars(pairs), agent())
+            .and_then(|_| resource_attributes(&vars(pairs)).map(|_| ()))
+            .unwrap_err()
+            .to_string()
+    }
+
+    #[test]
+    fn the_jaeger_agent_is_the_default_exporter() {
+        for unset in [&[][..], &[(TRACES_EXPORTER, "")][..]] {
+            assert_eq!(
+                span_export(&vars(unset), agent()).unwrap(),
+                SpanExport::JaegerAgent {
+                    host: "agent".to_string(),
+                    port: 6831
+                }
+            );
+        }
+    }
+
+    #[test]
+    fn none_or_a_disabled_sdk_exports_nothing() {
+        let off = [
+            vec![(TRACES_EXPORTER, "none")],
+            vec![(SDK_DISABLED, "true")],
+            vec![(SDK_DISABLED, "TRUE"), (TRACES_EXPORTER, "otlp")],
+        ];
+        for pairs in off {
+            assert_eq!(
+                span_export(&vars(&pairs), agent()).unwrap(),
+                SpanExport::Off
+            );
+        }
+        let on = span_export(&vars(&[(SDK_DISABLED, "false")]), agent()).unwrap();
+        assert_ne!(on, SpanExport::Off);
+    }
+
+    #[test]
+    fn otlp_defaults_to_http_protobuf_on_port_4318_with_a_ten_second_timeout() {
+        let settings = otlp(&[]);
+        assert_eq!(settings.protocol, OtlpProtocol::HttpProtobuf);
+        assert_eq!(settings.endpoint, "http://localhost:4318/v1/traces");
+        assert_eq!(settings.timeout, Duration::from_secs(10));
+        assert!(settings.headers.is_empty());
+    }
+
+    #[test]
+    fn grpc_defaults_to_port_4317_and_keeps_a_base_endpoint_as_is() {
+        assert_eq!(
+            otlp(&[(OTLP_PROTOCOL, "grpc")]).endpoint,
+            "http://localhost:4317"
+        );
+        let settings = otlp(&[(OTLP_PROTOCOL, "grpc"), (OTLP_ENDPOINT, "http://c:4317")]);
+        assert_eq!(settings.endpoint, "http://c:4317");
+    }
+
+    #[test]
+    fn over_http_a_base_endpoint_gets_the_traces_path_and_a_traces_endpoint_is_used_as_is() {
+        assert_eq!(
+            otlp(&[(OTLP_ENDPOINT, "http://c:4318")]).endpoint,
+            "http://c:4318/v1/traces"
+        );
+        assert_eq!(
+            otlp(&[(OTLP_ENDPOINT, "http://c:4318/prefix/")]).endpoint,
+            "http://c:4318/prefix/v1/traces"
+        );
+        assert_eq!(
+            otlp(&[
+                (OTLP_ENDPOINT, "http://ignored:4318"),
+                (OTLP_TRACES_ENDPOINT, "http://c:9999/custom")
+            ])
+            .endpoint,
+            "http://c:9999/custom"
+        );
+    }
+
+    #[test]
+    fn headers_and_timeout_are_read_and_percent_decoded() {
+        let settings = otlp(&[
+            (OTLP_HEADERS, "api-key=s%3Dcret, x-tenant = blue"),
+            (OTLP_TIMEOUT, "2500"),
+        ]);
+        assert_eq!(
+            settings.headers,
+            vec![
+                ("api-key".to_string(), "s=cret".to_string()),
+                ("x-tenant".to_string(), "blue".to_string())
+            ]
+        );
+        assert_eq!(settings.timeout, Duration::from_millis(2500));
+        assert!(!format!("{settings:?}").contains("s=cret"));
+    }
+
+    #[test]
+    fn resource_attributes_are_pairs_with_decoded_values() {
+        let pairs = resource_attributes(&vars(&[(
+            RESOURCE_ATTRIBUTES,
+            "deployment.environment=demo,team=a%20b",
+        )]))
+        .unwrap();
+        assert_eq!(
+            pairs,
+            vec![
+                ("deployment.environment".to_string(), "demo".to_string()),
+                ("team".to_string(), "a b".to_string())
+            ]
+        );
+        assert!(resource_attributes(&vars(&[])).unwrap().is_empty());
+    }
+
+    #[test]
+    fn a_bad_value_is_an_error_naming_its_variable_without_repeating_a_secret() {
+        let cases: &[(&[(&str, &str)], &str)] = &[
+            (&[(TRACES_EXPORTER, "zipkin")], TRACES_EXPORTER),
+            (&[(TRACES_EXPORTER, "otlp,jaeger")], TRACES_EXPORTER),
+            (&[(SDK_DISABLED, "yes")], SDK_DISABLED),
+            (
+                &[(TRACES_EXPORTER, "otlp"), (OTLP_PROTOCOL, "http/json")],
+                OTLP_PROTOCOL,
+            ),
+            (
+                &[(TRACES_EXPORTER, "otlp"), (OTLP_PROTOCOL, "udp")],
+                OTLP_PROTOCOL,
+            ),
+            (
+                &[(TRACES_EXPORTER, "otlp"), (OTLP_ENDPOINT, "c:4318")],
+                OTLP_ENDPOINT,
+            ),
+            (
+                &[
+                    (TRACES_EXPORTER, "otlp"),
+                    (OTLP_TRACES_ENDPOINT, "https://c/v1/traces"),
+                ],
+                OTLP_TRACES_ENDPOINT,
+            ),
+            (
+                &[(TRACES_EXPORTER, "otlp"), (OTLP_TIMEOUT, "10s")],
+                OTLP_TIMEOUT,
+            ),
+            (
+                &[(TRACES_EXPORTER, "otlp"), (OTLP_TIMEOUT, "0")],
+                OTLP_TIMEOUT,
+            ),
+            (
+                &[(TRACES_EXPORTER, "otlp"), (OTLP_HEADERS, "secretvalue")],
+                OTLP_HEADERS,
+            ),
+            (
+                &[(TRACES_EXPORTER, "otlp"), (OTLP_HEADERS, "k=secret\u{7f}")],
+                OTLP_HEADERS,
+            ),
+            (
+                &[(RESOURCE_ATTRIBUTES, "=secretvalue")],
+                RESOURCE_ATTRIBUTES,
+            ),
+            (&[(RESOURCE_ATTRIBUTES, "k=%ff")], RESOURCE_ATTRIBUTES),
+        ];
+        for (pairs, variable) in cases {
+            let message = refused(pairs);
+            assert!(message.starts_with(variable), "{message}");
+            assert!(!message.contains('\n'), "{message}");
+            assert!(!message.contains("secret"), "{message}");
+        }
+    }
+
+    #[test]
+    fn a_bad_otlp_setting_is_refused_even_while_otlp_is_not_chosen() {
+        for pairs in [[(OTLP_PROTOCOL, "udp")], [(OTLP_TIMEOUT, "soon")]] {
+            assert!(span_export(&vars(&pairs), agent()).is_err());
+        }
+    }
+}

@@ -1,0 +1,322 @@
+//! End-to-end tests of OTLP export: the real host sends its spans to a real OTLP receiver in
+//! this process, over HTTP (protobuf) and over gRPC, chosen by the SDK's standard variables.
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+use support::otlp::{Behaviour, Collector, ReceivedSpan};
+use support::{Host, client, guest_path};
+
+/// `SpanKind` values of the OTLP protocol.
+const SERVER: i32 = 2;
+const CLIENT: i32 = 3;
+
+#[derive(Debug, Clone, Copy)]
+enum Protocol {
+    Http,
+    Grpc,
+}
+
+impl Protocol {
+    fn collector(self, behaviour: Behaviour) -> Collector {
+        match self {
+            Protocol::Http => Collector::http(behaviour),
+            Protocol::Grpc => Collector::grpc(behaviour),
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Protocol::Http => "http/protobuf",
+            Protocol::Grpc => "grpc",
+        }
+    }
+}
+
+/// A host exporting OTLP to `collector` every `schedule_ms`, with `extra` variables.
+fn host_exporting_to(
+    collector: &Collector,
+    protocol: Protocol,
+    schedule_ms: &str,
+    extra: &[(&str, &str)],
+) -> Host {
+    let endpoint = collector.base_url();
+    let mut env = vec![
+        ("OTEL_TRACES_EXPORTER", "otlp"),
+        ("OTEL_EXPORTER_OTLP_PROTOCOL", protocol.name()),
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint.as_str()),
+        ("OTEL_BSP_SCHEDULE_DELAY", schedule_ms),
+    ];
+    env.extend_from_slice(extra);
+    Host::start_with(&guest_path("guest"), &env)
+}
+
+async fn create_user_with_id(host: &Host, request_id: &str, traceparent: Option<&str>) {
+    let mut request = client()
+        .post(host.url("/api/users"))
+        .header("x-request-id", request_id)
+        .json(&json!({"name": "Ada", "email": format!("{request_id}@example.com")}));
+    if let Some(traceparent) = traceparent {
+        request = request.header("traceparent", traceparent);
+    }
+    assert_eq!(request.send().await.unwrap().status(), 201);
+}
+
+fn server_span<'a>(spans: &'a [ReceivedSpan], request_id: &str) -> Option<&'a ReceivedSpan> {
+    spans
+        .iter()
+        .find(|span| span.kind == SERVER && span.str_attribute("request_id") == Some(request_id))
+}
+
+fn children_of<'a>(spans: &'a [ReceivedSpan], parent: &ReceivedSpan) -> Vec<&'a ReceivedSpan> {
+    spans
+        .iter()
+        .filter(|span| span.parent_span_id == parent.span_id)
+        .collect()
+}
+
+/// The spans of one `POST /api/users`: the server span and the guest's `users.create` child.
+fn creation_spans(collector: &Collector, request_id: &str) -> (ReceivedSpan, ReceivedSpan) {
+    let spans = collector.wait_for(|spans| {
+        server_span(spans, request_id).is_some_and(|server| {
+            children_of(spans, server)
+                .iter()
+                .any(|child| child.name == "users.create" && !children_of(spans, child).is_empty())
+        })
+    });
+    let server = server_span(&spans, request_id)
+        .unwrap_or_else(|| panic!("no server span for {request_id} in {spans:#?}"))
+        .clone();
+    let create = children_of(&spans, &server)
+        .into_iter()
+        .find(|child| child.name == "users.create")
+        .unwrap_or_else(|| panic!("no users.create under {server:#?}"))
+        .clone();
+    (server, create)
+}
+
+async fn a_creation_is_a_server_span_with_its_store_child_and_the_resource(protocol: Protocol) {
+    let collector = protocol.collector(Behaviour::Answers);
+    let host = host_exporting_to(
+        &collector,
+        protocol,
+        "100",
+        &[
+            ("OTEL_SERVICE_NAME", "otlp-test"),
+            (
+                "OTEL_RESOURCE_ATTRIBUTES",
+                "deployment.environment=ci,team=a%20b",
+            ),
+        ],
+    );
+    create_user_with_id(&host, "otlp-create-1", None).await;
+    let (server, create) = creation_spans(&collector, "otlp-create-1");
+    let spans = collector.spans();
+    let insert = children_of(&spans, &create)
+        .into_iter()
+        .find(|span| span.name == "INSERT users")
+        .unwrap_or_else(|| panic!("no store call under {create:#?}"))
+        .clone();
+
+    assert_eq!(server.name, "HTTP POST /api/users");
+    assert_eq!(
+        server.parent_span_id, "",
+        "a request without traceparent is a root"
+    );
+    assert_eq!(server.str_attribute("http.request.method"), Some("POST"));
+    assert_eq!(server.str_attribute("http.route"), Some("/api/users"));
+    assert_eq!(server.str_attribute("url.path"), Some("/api/users"));
+    assert_eq!(
+        server.attributes.get("http.response.status_code"),
+        Some(&json!(201))
+    );
+    // The real guest's version, as its `/api/health` reports it.
+    assert_eq!(server.str_attribute("guest.version"), Some("0.1.0"));
+
+    assert_eq!(create.trace_id, server.trace_id);
+    assert_eq!(create.parent_span_id, server.span_id);
+    assert!(create.str_attribute("user.id").is_some(), "{create:#?}");
+    assert_eq!(insert.trace_id, server.trace_id);
+    assert_eq!(insert.kind, CLIENT);
+    assert_eq!(insert.str_attribute("db.operation.name"), Some("INSERT"));
+
+    for span in [&server, &create, &insert] {
+        let resource = &span.resource;
+        assert_eq!(resource["service.name"], json!("otlp-test"));
+        assert_eq!(
+            resource["service.version"],
+            json!(env!("CARGO_PKG_VERSION"))
+        );
+        assert!(
+            resource["service.instance.id"]
+                .as_str()
+                .is_some_and(uuid_like),
+            "{resource:?}"
+        );
+        assert!(
+            resource["host.name"]
+                .as_str()
+                .is_some_and(|name| !name.is_empty())
+        );
+        assert_eq!(resource["deployment.environment"], json!("ci"));
+        assert_eq!(resource["team"], json!("a b"));
+    }
+}
+
+fn uuid_like(text: &str) -> bool {
+    text.len() == 36 && text.chars().filter(|&c| c == '-').count() == 4
+}
+
+#[tokio::test]
+async fn over_http_a_creation_is_a_server_span_with_its_store_child_and_the_resource() {
+    a_creation_is_a_server_span_with_its_store_child_and_the_resource(Protocol::Http).await;
+}
+
+#[tokio::test]
+async fn over_grpc_a_creation_is_a_server_span_with_its_store_child_and_the_resource() {
+    a_creation_is_a_server_span_with_its_store_child_and_the_resource(Protocol::Grpc).await;
+}
+
+#[tokio::test]
+async fn each_host_process_has_its_own_service_instance_id() {
+    let collector = Collector::http(Behaviour::Answers);
+    let first = host_exporting_to(&collector, Protocol::Http, "100", &[]);
+    let second = host_exporting_to(&collector, Protocol::Http, "100", &[]);
+    create_user_with_id(&first, "instance-1", None).await;
+    create_user_with_id(&second, "instance-2", None).await;
+    let (one, _) = creation_spans(&collector, "instance-1");
+    let (two, _) = creation_spans(&collector, "instance-2");
+    assert_ne!(
+        one.resource["service.instance.id"],
+        two.resource["service.instance.id"]
+    );
+    assert_eq!(one.resource["service.name"], json!("tutorial-service"));
+}
+
+#[tokio::test]
+async fn an_incoming_traceparent_is_continued_over_otlp() {
+    let collector = Collector::grpc(Behaviour::Answers);
+    let host = host_exporting_to(&collector, Protocol::Grpc, "100", &[]);
+    let trace_id = "4bf92f3577b34da6a3ce929d0e0e4736";
+    let caller_span = "00f067aa0ba902b7";
+    let traceparent = format!("00-{trace_id}-{caller_span}-01");
+    create_user_with_id(&host, "otlp-traceparent", Some(&traceparent)).await;
+    let (server, create) = creation_spans(&collector, "otlp-traceparent");
+    assert_eq!(server.trace_id, trace_id);
+    assert_eq!(server.parent_span_id, caller_span);
+    assert_eq!(create.trace_id, trace_id);
+}
+
+#[tokio::test]
+async fn sigterm_flushes_the_last_span_over_otlp() {
+    for protocol in [Protocol::Http, Protocol::Grpc] {
+        let collector = protocol.collector(Behaviour::Answers);
+        // A minute between scheduled exports: only the shutdown flush can send the span.
+        let mut host = host_exporting_to(&collector, protocol, "60000", &[]);
+        let request_id = format!("otlp-flush-{}", protocol.name());
+        create_user_with_id(&host, &request_id, None).await;
+        assert!(host.terminate().success());
+        let spans = collector.spans();
+        assert!(
+            server_span(&spans, &request_id).is_some(),
+            "{protocol:?}: the last span was not flushed at SIGTERM: {spans:#?}"
+        );
+    }
+}
+
+/// The 99th percentile of 200 `GET /api/health` latencies, one at a time.
+async fn p99_of_health(host: &Host) -> Duration {
+    let client = client();
+    let mut latencies = Vec::with_capacity(200);
+    for _ in 0..200 {
+        let started = Instant::now();
+        let response = client.get(host.url("/api/health")).send().await.unwrap();
+        assert_eq!(response.status(), 200);
+        response.bytes().await.unwrap();
+        latencies.push(started.elapsed());
+    }
+    latencies.sort();
+    latencies[197]
+}
+
+#[tokio::test]
+async fn a_collector_that_never_answers_does_not_slow_requests() {
+    let quiet = Host::start_with(&guest_path("guest"), &[("OTEL_TRACES_EXPORTER", "none")]);
+    p99_of_health(&quiet).await; // warm-up
+    let baseline = p99_of_health(&quiet).await;
+    drop(quiet);
+    for protocol in [Protocol::Http, Protocol::Grpc] {
+        let collector = protocol.collector(Behaviour::NeverAnswers);
+        // Small batches sent often and a short timeout: exports pile up against the receiver.
+        let host = host_exporting_to(
+            &collector,
+            protocol,
+            "10",
+            &[
+                ("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", "8"),
+                ("OTEL_EXPORTER_OTLP_TIMEOUT", "500"),
+            ],
+        );
+        p99_of_health(&host).await;
+        let exporting = p99_of_health(&host).await;
+        assert!(
+            collector.exports() > 0,
+            "{protocol:?}: the receiver got no export, so the test proves nothing"
+        );
+        // Loosely: twice the baseline, with 20 ms of slack for a noisy machine.
+        assert!(
+            exporting <= baseline * 2 + Duration::from_millis(20),
+            "{protocol:?}: p99 {exporting:?} against {baseline:?} with no export"
+        );
+        let health = client().get(host.url("/api/health")).send().await.unwrap();
+        assert_eq!(health.status(), 200);
+    }
+}
+
+#[test]
+fn a_bad_otel_variable_is_a_one_line_error_at_start_naming_it() {
+    let cases = [
+        ("OTEL_TRACES_EXPORTER", "zipkin"),
+        ("OTEL_EXPORTER_OTLP_PROTOCOL", "http/json"),
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", "collector:4318"),
+        ("OTEL_EXPORTER_OTLP_TIMEOUT", "ten"),
+        ("OTEL_EXPORTER_OTLP_HEADERS", "authorization"),
+        ("OTEL_RESOURCE_ATTRIBUTES", "=x"),
+        ("OTEL_SDK_DISABLED", "maybe"),
+    ];
+    for (variable, value) in cases {
+        let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_host"));
+        command
+            .args(["--bind", "127.0.0.1", "--port", "0", "--guest"])
+            .arg(guest_path("guest"))
+            .env(variable, value);
+        let output = support::run_to_exit(command, Duration::from_secs(20));
+        assert!(!output.status.success(), "{variable}={value} was accepted");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        let lines: Vec<&str> = stderr.lines().filter(|line| !line.is_empty()).collect();
+        assert_eq!(lines.len(), 1, "{variable}={value}: {stderr}");
+        assert!(lines[0].contains(variable), "{variable}={value}: {stderr}");
+        assert!(
+            output.stdout.is_empty(),
+            "{variable}: the host started before refusing: {}",
+            String::from_utf8_lossy(&output.stdout)
+        );
+    }
+}
+
+#[tokio::test]
+async fn with_otel_sdk_disabled_nothing_is_exported() {
+    let collector = Collector::http(Behaviour::Answers);
+    let host = host_exporting_to(
+        &collector,
+        Protocol::Http,
+        "50",
+        &[("OTEL_SDK_DISABLED", "true")],
+    );
+    create_user_with_id(&host, "disabled", None).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(collector.exports(), 0);
+    let _: Value = support::get_json(&host, "/api/health").await;
+}
