@@ -56,7 +56,7 @@ require_free() {
     echo "port $1 is in use: stop what listens there and run again" >&2; exit 1
   fi
 }
-for port in 18081 18082 18083 18084 18085 18086 18087 18088 $PG_PORT; do require_free "$port"; done
+for port in 18081 18082 18083 18084 18085 18086 18087 18088 18089 18091 18092 $PG_PORT; do require_free "$port"; done
 
 # Waits until $1 answers /api/health.
 wait_ready() {
@@ -87,25 +87,33 @@ PIDS+=($!)
 for _ in $(seq 1 100); do [ -s "$RESULTS/agent-port" ] && break; sleep 0.05; done
 AGENT_PORT=$(cat "$RESULTS/agent-port")
 
-# A local OTLP/HTTP receiver for the OTLP row: it reads each export and answers 200 with an
-# empty ExportTraceServiceResponse (an empty protobuf message is zero bytes). Free port, as above.
-python3 -u -c '
-import http.server
+# Local OTLP/HTTP receivers for the OTLP rows, each on a free port it reports on its first
+# line: one reads each export and answers 200 with an empty ExportTraceServiceResponse (an empty
+# protobuf message is zero bytes); the silent one reads each export and never answers.
+otlp_receiver() { # silent? -> port file
+  python3 -u -c '
+import http.server, sys, time
+silent = sys.argv[1] == "silent"
 class Receiver(http.server.BaseHTTPRequestHandler):
     def do_POST(self):
         self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        while silent:
+            time.sleep(3600)
         self.send_response(200)
         self.send_header("Content-Type", "application/x-protobuf")
         self.send_header("Content-Length", "0")
         self.end_headers()
     def log_message(self, *args):
         pass
+http.server.ThreadingHTTPServer.daemon_threads = True
 server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Receiver)
 print(server.server_address[1])
-server.serve_forever()' > "$RESULTS/otlp-port" &
-PIDS+=($!)
-for _ in $(seq 1 100); do [ -s "$RESULTS/otlp-port" ] && break; sleep 0.05; done
-OTLP_PORT=$(cat "$RESULTS/otlp-port")
+server.serve_forever()' "$1" > "$RESULTS/otlp-port-$1" &
+  PIDS+=($!)
+  for _ in $(seq 1 100); do [ -s "$RESULTS/otlp-port-$1" ] && break; sleep 0.05; done
+}
+otlp_receiver answering; OTLP_PORT=$(cat "$RESULTS/otlp-port-answering")
+otlp_receiver silent; SILENT_OTLP_PORT=$(cat "$RESULTS/otlp-port-silent")
 
 start_host() { # port guest [host flags...]
   GUEST_CACHE_DIR="$CACHE" LOG_FILE="$RESULTS/app.log" RUST_LOG=info \
@@ -129,6 +137,13 @@ measure() {
       OTEL_TRACES_EXPORTER=otlp OTEL_EXPORTER_OTLP_ENDPOINT="http://127.0.0.1:$OTLP_PORT" \
         start_host 18089 "$WASM/guest.wasm"
       load "$1" http://127.0.0.1:18089/api/health ;;
+    host-real-otlp-silent)
+      OTEL_TRACES_EXPORTER=otlp OTEL_EXPORTER_OTLP_ENDPOINT="http://127.0.0.1:$SILENT_OTLP_PORT" \
+        start_host 18091 "$WASM/guest.wasm"
+      load "$1" http://127.0.0.1:18091/api/health ;;
+    host-real-no-export)
+      OTEL_TRACES_EXPORTER=none start_host 18092 "$WASM/guest.wasm"
+      load "$1" http://127.0.0.1:18092/api/health ;;
     wasmtime-serve-minimal)
       command -v wasmtime >/dev/null || return 0
       wasmtime serve -Scli --addr 127.0.0.1:18084 "$WASM/minimal_guest.wasm" >/dev/null 2>&1 & PIDS+=($!)
@@ -140,7 +155,8 @@ measure() {
 
 # Two rounds in opposite orders; the report keeps each contender's better round, since a
 # neighbour on a shared machine can only slow a run down.
-CONTENDERS=(native-hyper host-minimal host-real host-real-otlp wasmtime-serve-minimal)
+CONTENDERS=(native-hyper host-minimal host-real host-real-otlp host-real-otlp-silent
+  host-real-no-export wasmtime-serve-minimal)
 echo "== throughput (wrk -t2 -c$CONNECTIONS, ${SECONDS_PER_RUN}s each, GET /api/health, two rounds)"
 command -v wasmtime >/dev/null ||
   echo "  wasmtime serve: skipped, no wasmtime CLI (cargo install wasmtime-cli --version 48.0.8 --locked)"

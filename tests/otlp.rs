@@ -179,6 +179,70 @@ async fn over_grpc_a_creation_is_a_server_span_with_its_store_child_and_the_reso
     a_creation_is_a_server_span_with_its_store_child_and_the_resource(Protocol::Grpc).await;
 }
 
+async fn headers_reach_the_collector(protocol: Protocol) {
+    let collector = protocol.collector(Behaviour::Answers);
+    let host = host_exporting_to(
+        &collector,
+        protocol,
+        "100",
+        &[(
+            "OTEL_EXPORTER_OTLP_HEADERS",
+            "x-api-key=s%3D1,x-tenant=blue",
+        )],
+    );
+    create_user_with_id(&host, "otlp-headers", None).await;
+    creation_spans(&collector, "otlp-headers");
+    let headers = collector.headers();
+    assert!(!headers.is_empty());
+    for export in headers {
+        assert_eq!(
+            export.get("x-api-key").map(String::as_str),
+            Some("s=1"),
+            "{export:?}"
+        );
+        assert_eq!(export.get("x-tenant").map(String::as_str), Some("blue"));
+    }
+}
+
+#[tokio::test]
+async fn over_http_the_headers_variable_reaches_the_collector_decoded() {
+    headers_reach_the_collector(Protocol::Http).await;
+}
+
+#[tokio::test]
+async fn over_grpc_the_headers_variable_reaches_the_collector_as_metadata() {
+    headers_reach_the_collector(Protocol::Grpc).await;
+}
+
+#[tokio::test]
+async fn a_traces_endpoint_is_used_as_is_and_an_empty_variable_counts_as_unset() {
+    // Over HTTP the full URL; the base endpoint, wrong, is ignored.
+    let collector = Collector::http(Behaviour::Answers);
+    let traces_url = format!("{}/v1/traces", collector.base_url());
+    let host = host_exporting_to(
+        &collector,
+        Protocol::Http,
+        "100",
+        &[
+            ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", traces_url.as_str()),
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:9"),
+        ],
+    );
+    create_user_with_id(&host, "otlp-traces-endpoint", None).await;
+    creation_spans(&collector, "otlp-traces-endpoint");
+    // Over gRPC an empty traces endpoint falls back to the base one (the exporter alone would
+    // take the empty text for a URL and export nothing).
+    let collector = Collector::grpc(Behaviour::Answers);
+    let host = host_exporting_to(
+        &collector,
+        Protocol::Grpc,
+        "100",
+        &[("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "")],
+    );
+    create_user_with_id(&host, "otlp-empty-endpoint", None).await;
+    creation_spans(&collector, "otlp-empty-endpoint");
+}
+
 #[tokio::test]
 async fn each_host_process_has_its_own_service_instance_id() {
     let collector = Collector::http(Behaviour::Answers);
@@ -239,6 +303,48 @@ async fn p99_of_health(host: &Host) -> Duration {
     }
     latencies.sort();
     latencies[197]
+}
+
+#[tokio::test]
+async fn an_export_to_a_collector_that_never_answers_is_given_up_at_the_timeout() {
+    for protocol in [Protocol::Http, Protocol::Grpc] {
+        let collector = protocol.collector(Behaviour::NeverAnswers);
+        let host = host_exporting_to(
+            &collector,
+            protocol,
+            "10",
+            &[("OTEL_EXPORTER_OTLP_TIMEOUT", "300")],
+        );
+        // One export at a time: a second one starts only once the first was given up.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while collector.exports() < 3 && Instant::now() < deadline {
+            let _ = client().get(host.url("/api/health")).send().await;
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert!(
+            collector.exports() >= 3,
+            "{protocol:?}: {} exports in 10 s with a 300 ms timeout",
+            collector.exports()
+        );
+    }
+}
+
+#[tokio::test]
+async fn sigterm_with_a_collector_that_never_answers_still_exits_promptly() {
+    let collector = Collector::http(Behaviour::NeverAnswers);
+    // The longest export timeout allowed: only the exit's own flush deadline ends the wait.
+    let mut host = host_exporting_to(
+        &collector,
+        Protocol::Http,
+        "60000",
+        &[("OTEL_EXPORTER_OTLP_TIMEOUT", "60000")],
+    );
+    create_user_with_id(&host, "otlp-silent-exit", None).await;
+    let stopping = Instant::now();
+    assert!(host.terminate().success());
+    let took = stopping.elapsed();
+    assert!(took < Duration::from_secs(8), "exit took {took:?}");
+    assert!(collector.exports() >= 1, "the last batch was not even sent");
 }
 
 #[tokio::test]

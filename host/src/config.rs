@@ -9,7 +9,7 @@ use clap::builder::BoolishValueParser;
 
 use crate::error::Error;
 use crate::guest::ProbePath;
-use crate::otel_env::{self, SpanExport};
+use crate::otel_env::{self, BatchSettings, SpanExport};
 use crate::user_store::StoreChoice;
 use crate::user_store::postgres::PostgresSettings;
 
@@ -264,6 +264,7 @@ impl Config {
         // wins over the default, as the SDK specification orders them.
         let named_in_attributes = resource_attributes
             .iter()
+            .rev()
             .find(|(key, value)| key == "service.name" && !value.is_empty())
             .map(|(_, value)| value.as_str());
         Ok(TelemetrySettings {
@@ -272,6 +273,7 @@ impl Config {
                 named_in_attributes.unwrap_or(DEFAULT_SERVICE_NAME),
             ),
             export: otel_env::span_export(var, jaeger_agent)?,
+            batch: otel_env::batch_settings(var)?,
             resource_attributes,
         })
     }
@@ -289,6 +291,8 @@ pub struct TelemetrySettings {
     pub service_name: String,
     /// The exporter and its destination.
     pub export: SpanExport,
+    /// How spans are queued and batched on their way out.
+    pub batch: BatchSettings,
     /// `OTEL_RESOURCE_ATTRIBUTES`, on the resource of every span.
     pub resource_attributes: Vec<(String, String)>,
 }
@@ -484,6 +488,7 @@ mod tests {
                     host: DEFAULT_JAEGER_AGENT_HOST.to_string(),
                     port: DEFAULT_JAEGER_AGENT_PORT,
                 },
+                batch: otel_env::batch_settings(&no_variables).unwrap(),
                 resource_attributes: Vec::new(),
             }
         );

@@ -8,6 +8,7 @@
 
 use std::io::{BufWriter, Write};
 use std::path::Path;
+use std::time::Duration;
 
 use http::{HeaderMap, Method};
 use opentelemetry::KeyValue;
@@ -29,6 +30,11 @@ use tracing_subscriber::util::SubscriberInitExt;
 use crate::config::TelemetrySettings;
 use crate::logs::{JsonFieldSets, JsonLines};
 use crate::otel_env::{OtlpProtocol, OtlpSettings, SpanExport};
+
+/// How long the exit waits for the last spans to leave.
+const FLUSH_DEADLINE: Duration = Duration::from_secs(5);
+/// One export to the Jaeger agent: a UDP send never waits, so this is never reached.
+const AGENT_EXPORT_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Longest `url.path` recorded on a span: a span must fit in one UDP packet to the agent.
 const MAX_RECORDED_PATH: usize = 1024;
@@ -74,7 +80,14 @@ pub struct TelemetryGuard {
 
 impl Drop for TelemetryGuard {
     fn drop(&mut self) {
-        opentelemetry::global::shutdown_tracer_provider();
+        // The last export waits on the collector: on a thread of its own, so that a collector
+        // that never answers delays the exit by at most `FLUSH_DEADLINE`.
+        let (done, flushed) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            opentelemetry::global::shutdown_tracer_provider();
+            let _ = done.send(());
+        });
+        let _ = flushed.recv_timeout(FLUSH_DEADLINE);
     }
 }
 
@@ -151,7 +164,12 @@ fn tracer(
     settings: &TelemetrySettings,
 ) -> Result<Option<opentelemetry_sdk::trace::Tracer>, opentelemetry::trace::TraceError> {
     let resource = resource(settings);
-    let mut batch = BatchConfigBuilder::default();
+    let limits = settings.batch;
+    // Every setting given here, so none comes from the SDK's own unchecked reading.
+    let batch = BatchConfigBuilder::default()
+        .with_scheduled_delay(limits.schedule_delay)
+        .with_max_queue_size(limits.max_queue_size)
+        .with_max_concurrent_exports(limits.max_concurrent_exports);
     let tracer = match &settings.export {
         SpanExport::Off => return Ok(None),
         SpanExport::JaegerAgent { host, port } => {
@@ -171,18 +189,22 @@ fn tracer(
                 // asserts against that); the sync client sends from the batch task, and a UDP
                 // send never waits.
                 .build_sync_agent_exporter()?;
-            if std::env::var_os("OTEL_BSP_MAX_EXPORT_BATCH_SIZE").is_none() {
-                batch = batch.with_max_export_batch_size(SPANS_PER_BATCH);
-            }
+            let batch = batch
+                .with_max_export_batch_size(limits.max_export_batch_size.unwrap_or(SPANS_PER_BATCH))
+                .with_max_export_timeout(limits.export_timeout.unwrap_or(AGENT_EXPORT_TIMEOUT));
             install(exporter, batch, resource)
         }
         SpanExport::Otlp(otlp) => {
             // The batch processor drops an export that outlives this, whatever the transport
             // does; the exporter itself reads `OTEL_EXPORTER_OTLP_TIMEOUT` as seconds.
-            if std::env::var_os("OTEL_BSP_EXPORT_TIMEOUT").is_none() {
-                batch = batch.with_max_export_timeout(otlp.timeout);
+            let timeout = limits
+                .export_timeout
+                .map_or(otlp.timeout, |timeout| timeout.min(otlp.timeout));
+            let mut batch = batch.with_max_export_timeout(timeout);
+            if let Some(size) = limits.max_export_batch_size {
+                batch = batch.with_max_export_batch_size(size);
             }
-            install(otlp_exporter(otlp)?, batch, resource)
+            install(otlp_exporter(otlp, timeout)?, batch, resource)
         }
     };
     Ok(Some(tracer))
@@ -192,15 +214,29 @@ fn tracer(
 /// HTTP, tonic for gRPC (connected lazily, so a collector that is not up yet is no error).
 fn otlp_exporter(
     otlp: &OtlpSettings,
+    timeout: Duration,
 ) -> Result<opentelemetry_otlp::SpanExporter, opentelemetry::trace::TraceError> {
     use opentelemetry_otlp::WithExportConfig;
     match otlp.protocol {
-        OtlpProtocol::HttpProtobuf => opentelemetry_otlp::new_exporter()
-            .http()
-            .with_endpoint(&otlp.endpoint)
-            .with_timeout(otlp.timeout)
-            .with_headers(otlp.headers.iter().cloned().collect())
-            .build_span_exporter(),
+        OtlpProtocol::HttpProtobuf => {
+            // Not the exporter's default client: that one follows redirects (resending the
+            // headers, API keys included, wherever a collector points) and honours
+            // `HTTP_PROXY`. A collector's answer is read within the timeout.
+            let client = otlp_reqwest::Client::builder()
+                .redirect(otlp_reqwest::redirect::Policy::none())
+                .no_proxy()
+                .timeout(timeout)
+                .connect_timeout(timeout)
+                .build()
+                .map_err(|error| opentelemetry::trace::TraceError::Other(Box::new(error)))?;
+            opentelemetry_otlp::new_exporter()
+                .http()
+                .with_http_client(client)
+                .with_endpoint(&otlp.endpoint)
+                .with_timeout(timeout)
+                .with_headers(otlp.headers.iter().cloned().collect())
+                .build_span_exporter()
+        }
         OtlpProtocol::Grpc => {
             let mut metadata = tonic::metadata::MetadataMap::new();
             for (name, value) in &otlp.headers {
@@ -217,7 +253,7 @@ fn otlp_exporter(
             opentelemetry_otlp::new_exporter()
                 .tonic()
                 .with_endpoint(&otlp.endpoint)
-                .with_timeout(otlp.timeout)
+                .with_timeout(timeout)
                 .with_metadata(metadata)
                 .build_span_exporter()
         }

@@ -25,6 +25,8 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 const EVENT_INTERVAL: u32 = 4;
 
 fn main() -> ExitCode {
+    // SAFETY: first thing in `main`, before any other thread exists.
+    unsafe { host::otel_env::normalize_environment() };
     let config = Config::parse();
     let telemetry_settings = match config.telemetry() {
         Ok(settings) => settings,

@@ -23,18 +23,76 @@ pub const OTLP_HEADERS: &str = "OTEL_EXPORTER_OTLP_HEADERS";
 pub const OTLP_TIMEOUT: &str = "OTEL_EXPORTER_OTLP_TIMEOUT";
 /// `key=value,...` added to the resource of every span, values percent-encoded.
 pub const RESOURCE_ATTRIBUTES: &str = "OTEL_RESOURCE_ATTRIBUTES";
+/// The spans' own protocol, headers and timeout: each wins over its general variable above.
+pub const OTLP_TRACES_PROTOCOL: &str = "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL";
+/// See [`OTLP_TRACES_PROTOCOL`].
+pub const OTLP_TRACES_HEADERS: &str = "OTEL_EXPORTER_OTLP_TRACES_HEADERS";
+/// See [`OTLP_TRACES_PROTOCOL`].
+pub const OTLP_TRACES_TIMEOUT: &str = "OTEL_EXPORTER_OTLP_TRACES_TIMEOUT";
+/// Only `none` is accepted: this build has no gzip for OTLP.
+pub const OTLP_COMPRESSION: &str = "OTEL_EXPORTER_OTLP_COMPRESSION";
+/// See [`OTLP_COMPRESSION`].
+pub const OTLP_TRACES_COMPRESSION: &str = "OTEL_EXPORTER_OTLP_TRACES_COMPRESSION";
+/// Milliseconds between two batches.
+pub const BSP_SCHEDULE_DELAY: &str = "OTEL_BSP_SCHEDULE_DELAY";
+/// Spans waiting for export at most; more are dropped.
+pub const BSP_MAX_QUEUE_SIZE: &str = "OTEL_BSP_MAX_QUEUE_SIZE";
+/// Spans per export at most.
+pub const BSP_MAX_EXPORT_BATCH_SIZE: &str = "OTEL_BSP_MAX_EXPORT_BATCH_SIZE";
+/// Milliseconds one export may take (over OTLP the OTLP timeout wins when shorter).
+pub const BSP_EXPORT_TIMEOUT: &str = "OTEL_BSP_EXPORT_TIMEOUT";
+/// Exports in flight at once.
+pub const BSP_MAX_CONCURRENT_EXPORTS: &str = "OTEL_BSP_MAX_CONCURRENT_EXPORTS";
 
-/// Every variable this module reads, for `--help` and for tests that start from a clean slate.
+/// Every variable this module reads. The OTLP exporter and the batch processor read some of
+/// them again themselves, raw: [`normalize_environment`] makes what they read agree.
 pub const VARIABLES: &[&str] = &[
     TRACES_EXPORTER,
     SDK_DISABLED,
     OTLP_ENDPOINT,
     OTLP_TRACES_ENDPOINT,
     OTLP_PROTOCOL,
+    OTLP_TRACES_PROTOCOL,
     OTLP_HEADERS,
+    OTLP_TRACES_HEADERS,
     OTLP_TIMEOUT,
+    OTLP_TRACES_TIMEOUT,
+    OTLP_COMPRESSION,
+    OTLP_TRACES_COMPRESSION,
     RESOURCE_ATTRIBUTES,
+    BSP_SCHEDULE_DELAY,
+    BSP_MAX_QUEUE_SIZE,
+    BSP_MAX_EXPORT_BATCH_SIZE,
+    BSP_EXPORT_TIMEOUT,
+    BSP_MAX_CONCURRENT_EXPORTS,
 ];
+
+/// Makes the environment say what the host understood: an empty variable is removed and
+/// surrounding spaces trimmed, since the OTLP exporter and the batch processor read their
+/// variables again, raw (an empty endpoint would be a relative URL to them).
+///
+/// # Safety
+///
+/// Changes the process environment: call it before any other thread runs.
+pub unsafe fn normalize_environment() {
+    for name in VARIABLES {
+        let Some(value) = std::env::var_os(name) else {
+            continue;
+        };
+        let Some(text) = value.to_str() else {
+            continue; // Refused by the checks, which read it as text.
+        };
+        let trimmed = text.trim();
+        // SAFETY: the caller runs this before any other thread exists.
+        unsafe {
+            if trimmed.is_empty() {
+                std::env::remove_var(name);
+            } else if trimmed.len() != text.len() {
+                std::env::set_var(name, trimmed);
+            }
+        }
+    }
+}
 
 /// The collector's address over HTTP unless told otherwise.
 pub const DEFAULT_HTTP_ENDPOINT: &str = "http://localhost:4318";
@@ -46,6 +104,8 @@ pub const DEFAULT_OTLP_TIMEOUT: Duration = Duration::from_secs(10);
 const HTTP_TRACES_PATH: &str = "v1/traces";
 /// Longest accepted export timeout: a minute is already far beyond any collector's answer.
 const MAX_OTLP_TIMEOUT_MS: u64 = 60_000;
+/// The largest span queue accepted: at about 1 KiB a span, 64 MiB at most.
+const MAX_QUEUE_SIZE: u64 = 65_536;
 /// Most `key=value` pairs in a list variable, and the longest such variable: they travel with
 /// every export.
 const MAX_PAIRS: usize = 64;
@@ -101,13 +161,81 @@ pub enum OtlpProtocol {
     Grpc,
 }
 
+/// The batch span processor's settings, checked: the SDK would panic on a zero delay or queue.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BatchSettings {
+    /// Time between two batches.
+    pub schedule_delay: Duration,
+    /// Spans waiting at most; a span beyond is dropped, never waited for.
+    pub max_queue_size: usize,
+    /// Spans per export, when set; else the exporter's own default.
+    pub max_export_batch_size: Option<usize>,
+    /// The longest one export may take, when set; else the exporter's own default.
+    pub export_timeout: Option<Duration>,
+    /// Exports in flight at once.
+    pub max_concurrent_exports: usize,
+}
+
+/// The batch processor's variables (`OTEL_BSP_*`), within bounds that keep the queue bounded.
+pub fn batch_settings(var: &impl Fn(&str) -> Option<String>) -> Result<BatchSettings, Error> {
+    let read = |name: &str| {
+        var(name)
+            .map(|value| value.trim().to_string())
+            .filter(|value| !value.is_empty())
+    };
+    let number =
+        |name: &'static str, range: std::ops::RangeInclusive<u64>| -> Result<Option<u64>, Error> {
+            match read(name) {
+                None => Ok(None),
+                Some(text) => text
+                    .parse::<u64>()
+                    .ok()
+                    .filter(|value| range.contains(value))
+                    .map(Some)
+                    .ok_or_else(|| {
+                        bad(
+                            name,
+                            &format!(
+                                "expected a whole number from {} to {}",
+                                range.start(),
+                                range.end()
+                            ),
+                        )
+                    }),
+            }
+        };
+    let max_queue_size = number(BSP_MAX_QUEUE_SIZE, 1..=MAX_QUEUE_SIZE)?.unwrap_or(2048) as usize;
+    let max_export_batch_size =
+        number(BSP_MAX_EXPORT_BATCH_SIZE, 1..=MAX_QUEUE_SIZE)?.map(|size| size as usize);
+    if max_export_batch_size.is_some_and(|batch| batch > max_queue_size) {
+        return Err(bad(
+            BSP_MAX_EXPORT_BATCH_SIZE,
+            "larger than OTEL_BSP_MAX_QUEUE_SIZE",
+        ));
+    }
+    Ok(BatchSettings {
+        schedule_delay: Duration::from_millis(
+            number(BSP_SCHEDULE_DELAY, 1..=3_600_000)?.unwrap_or(5000),
+        ),
+        max_queue_size,
+        max_export_batch_size,
+        export_timeout: number(BSP_EXPORT_TIMEOUT, 1..=MAX_OTLP_TIMEOUT_MS)?
+            .map(Duration::from_millis),
+        max_concurrent_exports: number(BSP_MAX_CONCURRENT_EXPORTS, 1..=16)?.unwrap_or(1) as usize,
+    })
+}
+
 /// The span export the variables ask for. `jaeger_agent` is where the `jaeger` exporter sends
 /// (its own settings are flags of [`crate::config::Config`]).
 pub fn span_export(
     var: &impl Fn(&str) -> Option<String>,
     jaeger_agent: (String, u16),
 ) -> Result<SpanExport, Error> {
-    let read = |name: &str| var(name).filter(|value| !value.is_empty());
+    let read = |name: &str| {
+        var(name)
+            .map(|value| value.trim().to_string())
+            .filter(|value| !value.is_empty())
+    };
     // Every variable is checked, the ones the chosen exporter ignores too: a typo in a setting
     // meant for later should not wait until then to show.
     let disabled = match read(SDK_DISABLED).map(|value| value.to_ascii_lowercase()) {
@@ -116,9 +244,10 @@ pub fn span_export(
         Some(value) if value == "false" => false,
         Some(_) => return Err(bad(SDK_DISABLED, "expected `true` or `false`")),
     };
-    let exporter = read(TRACES_EXPORTER).unwrap_or_else(|| "jaeger".to_string());
+    let exporter = read(TRACES_EXPORTER)
+        .map_or_else(|| "jaeger".to_string(), |value| value.to_ascii_lowercase());
     let otlp = otlp_settings(&read)?;
-    let export = match exporter.trim() {
+    let export = match exporter.as_str() {
         "jaeger" => {
             let (host, port) = jaeger_agent;
             SpanExport::JaegerAgent { host, port }
@@ -140,24 +269,41 @@ pub fn span_export(
 pub fn resource_attributes(
     var: &impl Fn(&str) -> Option<String>,
 ) -> Result<Vec<(String, String)>, Error> {
-    match var(RESOURCE_ATTRIBUTES).filter(|value| !value.is_empty()) {
+    match var(RESOURCE_ATTRIBUTES).filter(|value| !value.trim().is_empty()) {
         None => Ok(Vec::new()),
         Some(list) => key_value_list(RESOURCE_ATTRIBUTES, &list),
     }
 }
 
 fn otlp_settings(read: &impl Fn(&str) -> Option<String>) -> Result<OtlpSettings, Error> {
-    let protocol = match read(OTLP_PROTOCOL).as_deref().map(str::trim) {
-        None | Some("http/protobuf") => OtlpProtocol::HttpProtobuf,
-        Some("grpc") => OtlpProtocol::Grpc,
-        Some("http/json") => {
+    // The spans' own variable wins over the general one.
+    let either = |specific: &'static str, general: &'static str| {
+        read(specific)
+            .map(|value| (specific, value))
+            .or_else(|| read(general).map(|value| (general, value)))
+    };
+    let protocol = match either(OTLP_TRACES_PROTOCOL, OTLP_PROTOCOL) {
+        None => OtlpProtocol::HttpProtobuf,
+        Some((variable, value)) => match value.to_ascii_lowercase().as_str() {
+            "http/protobuf" => OtlpProtocol::HttpProtobuf,
+            "grpc" => OtlpProtocol::Grpc,
+            "http/json" => {
+                return Err(bad(
+                    variable,
+                    "`http/json` is not supported; use `http/protobuf` or `grpc`",
+                ));
+            }
+            _ => return Err(bad(variable, "expected `http/protobuf` or `grpc`")),
+        },
+    };
+    for variable in [OTLP_TRACES_COMPRESSION, OTLP_COMPRESSION] {
+        if read(variable).is_some_and(|value| !value.eq_ignore_ascii_case("none")) {
             return Err(bad(
-                OTLP_PROTOCOL,
-                "`http/json` is not supported; use `http/protobuf` or `grpc`",
+                variable,
+                "only `none` is supported (no gzip in this build)",
             ));
         }
-        Some(_) => return Err(bad(OTLP_PROTOCOL, "expected `http/protobuf` or `grpc`")),
-    };
+    }
     let endpoint = match (read(OTLP_TRACES_ENDPOINT), read(OTLP_ENDPOINT)) {
         (Some(traces), _) => checked_url(OTLP_TRACES_ENDPOINT, traces)?,
         (None, Some(base)) => with_traces_path(protocol, checked_url(OTLP_ENDPOINT, base)?),
@@ -168,29 +314,30 @@ fn otlp_settings(read: &impl Fn(&str) -> Option<String>) -> Result<OtlpSettings,
             OtlpProtocol::Grpc => DEFAULT_GRPC_ENDPOINT.to_string(),
         },
     };
-    let headers = match read(OTLP_HEADERS) {
+    let headers = match either(OTLP_TRACES_HEADERS, OTLP_HEADERS) {
         None => Vec::new(),
-        Some(list) => {
-            let headers = key_value_list(OTLP_HEADERS, &list)?;
+        Some((variable, list)) => {
+            let headers = key_value_list(variable, &list)?;
             for (name, value) in &headers {
                 // Neither is echoed: a header value is often a secret.
                 http::HeaderName::from_bytes(name.as_bytes())
-                    .map_err(|_| bad(OTLP_HEADERS, "a header name is not a valid HTTP name"))?;
+                    .map_err(|_| bad(variable, "a header name is not a valid HTTP name"))?;
                 http::HeaderValue::from_str(value)
-                    .map_err(|_| bad(OTLP_HEADERS, "a header value is not valid in HTTP"))?;
+                    .map_err(|_| bad(variable, "a header value is not valid in HTTP"))?;
+                if name.to_ascii_lowercase().ends_with("-bin") {
+                    return Err(bad(variable, "binary (`-bin`) headers are not supported"));
+                }
             }
             headers
         }
     };
-    let timeout = match read(OTLP_TIMEOUT) {
+    let timeout = match either(OTLP_TRACES_TIMEOUT, OTLP_TIMEOUT) {
         None => DEFAULT_OTLP_TIMEOUT,
-        Some(millis) => match millis.trim().parse::<u64>() {
+        Some((variable, millis)) => match millis.parse::<u64>() {
             Ok(millis) if (1..=MAX_OTLP_TIMEOUT_MS).contains(&millis) => {
                 Duration::from_millis(millis)
             }
-            _ => {
-                return Err(bad(OTLP_TIMEOUT, "expected milliseconds, from 1 to 60000"));
-            }
+            _ => return Err(bad(variable, "expected milliseconds, from 1 to 60000")),
         },
     };
     Ok(OtlpSettings {
@@ -204,10 +351,18 @@ fn otlp_settings(read: &impl Fn(&str) -> Option<String>) -> Result<OtlpSettings,
 /// `url` if it is an `http://` URL with a host. `https://` is refused at start rather than
 /// failing at every export: this build carries no TLS stack.
 fn checked_url(variable: &'static str, url: String) -> Result<String, Error> {
-    let url = url.trim().to_string();
     let parsed: http::Uri = url
         .parse()
         .map_err(|_| bad(variable, "not a URL (expected http://host:port)"))?;
+    if parsed
+        .authority()
+        .is_some_and(|authority| authority.as_str().contains('@'))
+    {
+        return Err(bad(
+            variable,
+            "credentials in the URL are not supported; send them in OTEL_EXPORTER_OTLP_HEADERS",
+        ));
+    }
     match parsed.scheme_str() {
         Some("http") if parsed.host().is_some_and(|host| !host.is_empty()) => Ok(url),
         Some("https") => Err(bad(
@@ -454,6 +609,15 @@ mod tests {
                 RESOURCE_ATTRIBUTES,
             ),
             (&[(RESOURCE_ATTRIBUTES, "k=%ff")], RESOURCE_ATTRIBUTES),
+            (&[(OTLP_COMPRESSION, "gzip")], OTLP_COMPRESSION),
+            (&[(OTLP_HEADERS, "trace-bin=secretvalue")], OTLP_HEADERS),
+            (&[(OTLP_TRACES_HEADERS, "k")], OTLP_TRACES_HEADERS),
+            (&[(OTLP_TRACES_TIMEOUT, "0")], OTLP_TRACES_TIMEOUT),
+            (&[(OTLP_TRACES_PROTOCOL, "thrift")], OTLP_TRACES_PROTOCOL),
+            (
+                &[(OTLP_ENDPOINT, "http://user:secret@collector:4318")],
+                OTLP_ENDPOINT,
+            ),
         ];
         for (pairs, variable) in cases {
             let message = refused(pairs);
@@ -466,7 +630,70 @@ mod tests {
     #[test]
     fn a_bad_otlp_setting_is_refused_even_while_otlp_is_not_chosen() {
         for pairs in [[(OTLP_PROTOCOL, "udp")], [(OTLP_TIMEOUT, "soon")]] {
-            assert!(span_export(&vars(&pairs), agent()).is_err());
+            let message = span_export(&vars(&pairs), agent()).unwrap_err().to_string();
+            assert!(message.starts_with(pairs[0].0), "{message}");
+        }
+    }
+
+    #[test]
+    fn values_are_trimmed_and_enumerations_case_insensitive() {
+        let settings = otlp(&[
+            (OTLP_PROTOCOL, " GRPC "),
+            (OTLP_ENDPOINT, " http://c:4317 "),
+        ]);
+        assert_eq!(settings.protocol, OtlpProtocol::Grpc);
+        assert_eq!(settings.endpoint, "http://c:4317");
+        let off = span_export(
+            &vars(&[(TRACES_EXPORTER, "None"), (SDK_DISABLED, " false ")]),
+            agent(),
+        );
+        assert_eq!(off.unwrap(), SpanExport::Off);
+    }
+
+    #[test]
+    fn the_spans_own_variables_win_over_the_general_ones() {
+        let settings = otlp(&[
+            (OTLP_PROTOCOL, "grpc"),
+            (OTLP_TRACES_PROTOCOL, "http/protobuf"),
+            (OTLP_HEADERS, "a=general"),
+            (OTLP_TRACES_HEADERS, "a=traces"),
+            (OTLP_TIMEOUT, "1000"),
+            (OTLP_TRACES_TIMEOUT, "2000"),
+        ]);
+        assert_eq!(settings.protocol, OtlpProtocol::HttpProtobuf);
+        assert_eq!(
+            settings.headers,
+            vec![("a".to_string(), "traces".to_string())]
+        );
+        assert_eq!(settings.timeout, Duration::from_millis(2000));
+    }
+
+    #[test]
+    fn the_batch_settings_are_bounded_and_a_zero_is_refused() {
+        let defaults = batch_settings(&vars(&[])).unwrap();
+        assert_eq!(defaults.max_queue_size, 2048);
+        assert_eq!(defaults.schedule_delay, Duration::from_secs(5));
+        assert_eq!(defaults.max_export_batch_size, None);
+        let set = batch_settings(&vars(&[
+            (BSP_MAX_QUEUE_SIZE, "100"),
+            (BSP_MAX_EXPORT_BATCH_SIZE, "50"),
+            (BSP_EXPORT_TIMEOUT, "700"),
+        ]))
+        .unwrap();
+        assert_eq!(set.max_export_batch_size, Some(50));
+        assert_eq!(set.export_timeout, Some(Duration::from_millis(700)));
+        for (variable, value) in [
+            (BSP_SCHEDULE_DELAY, "0"),
+            (BSP_MAX_QUEUE_SIZE, "0"),
+            (BSP_MAX_QUEUE_SIZE, "10000000"),
+            (BSP_EXPORT_TIMEOUT, "0"),
+            (BSP_MAX_CONCURRENT_EXPORTS, "0"),
+            (BSP_MAX_EXPORT_BATCH_SIZE, "4096"),
+        ] {
+            let message = batch_settings(&vars(&[(variable, value)]))
+                .unwrap_err()
+                .to_string();
+            assert!(message.starts_with(variable), "{message}");
         }
     }
 }

@@ -54,6 +54,8 @@ pub struct Collector {
     spans: Arc<Mutex<Vec<ReceivedSpan>>>,
     /// Requests received, answered or not.
     exports: Arc<Mutex<u64>>,
+    /// The headers (gRPC: metadata) of every export received.
+    headers: Arc<Mutex<Vec<HashMap<String, String>>>>,
 }
 
 impl Collector {
@@ -81,9 +83,11 @@ impl Collector {
     ) -> Collector {
         let spans = Arc::new(Mutex::new(Vec::new()));
         let exports = Arc::new(Mutex::new(0));
+        let headers = Arc::new(Mutex::new(Vec::new()));
         let received = Received {
             spans: Arc::clone(&spans),
             exports: Arc::clone(&exports),
+            headers: Arc::clone(&headers),
         };
         let (addr_sender, addr_receiver) = std::sync::mpsc::channel();
         std::thread::spawn(move || {
@@ -102,7 +106,13 @@ impl Collector {
             addr,
             spans,
             exports,
+            headers,
         }
+    }
+
+    /// The headers of every export received so far.
+    pub fn headers(&self) -> Vec<HashMap<String, String>> {
+        self.headers.lock().unwrap().clone()
     }
 
     /// `http://127.0.0.1:<port>`.
@@ -138,10 +148,21 @@ impl Collector {
 struct Received {
     spans: Arc<Mutex<Vec<ReceivedSpan>>>,
     exports: Arc<Mutex<u64>>,
+    headers: Arc<Mutex<Vec<HashMap<String, String>>>>,
 }
 
 impl Received {
-    fn keep(&self, request: ExportTraceServiceRequest) {
+    fn keep(&self, headers: &http::HeaderMap, request: ExportTraceServiceRequest) {
+        let headers = headers
+            .iter()
+            .map(|(name, value)| {
+                (
+                    name.to_string(),
+                    String::from_utf8_lossy(value.as_bytes()).into_owned(),
+                )
+            })
+            .collect();
+        self.headers.lock().unwrap().push(headers);
         *self.exports.lock().unwrap() += 1;
         let mut spans = self.spans.lock().unwrap();
         for resource_spans in request.resource_spans {
@@ -178,7 +199,8 @@ async fn serve_http(listener: tokio::net::TcpListener, received: Received, behav
                 let received = received.clone();
                 async move {
                     let path_ok = request.uri().path() == "/v1/traces";
-                    let body: hyper::body::Incoming = request.into_body();
+                    let (parts, body) = request.into_parts();
+                    let body: hyper::body::Incoming = body;
                     let decoded = match body.collect().await {
                         Ok(collected) => {
                             ExportTraceServiceRequest::decode(collected.to_bytes()).ok()
@@ -187,7 +209,7 @@ async fn serve_http(listener: tokio::net::TcpListener, received: Received, behav
                     };
                     let status = match (path_ok, decoded) {
                         (true, Some(request)) => {
-                            received.keep(request);
+                            received.keep(&parts.headers, request);
                             200
                         }
                         _ => 400,
@@ -243,7 +265,17 @@ impl TraceService for GrpcReceiver {
         &self,
         request: tonic::Request<ExportTraceServiceRequest>,
     ) -> Result<tonic::Response<ExportTraceServiceResponse>, tonic::Status> {
-        self.received.keep(request.into_inner());
+        // tonic 0.11's metadata is on http 0.2: copied over as text.
+        let mut headers = http::HeaderMap::new();
+        for (name, value) in request.metadata().clone().into_headers().iter() {
+            if let (Ok(name), Ok(value)) = (
+                http::HeaderName::from_bytes(name.as_str().as_bytes()),
+                http::HeaderValue::from_bytes(value.as_bytes()),
+            ) {
+                headers.append(name, value);
+            }
+        }
+        self.received.keep(&headers, request.into_inner());
         if self.behaviour == Behaviour::NeverAnswers {
             std::future::pending::<()>().await;
         }
