@@ -1,39 +1,59 @@
-//! The host's one error type: what can go wrong loading or running a guest, or opening its
-//! user store.
+//! The host's errors: [`Error`], what stops the host from starting or a guest from loading
+//! (reported once, at start or on a reload), and [`RequestError`], why one request's guest gave
+//! no response (answered with a status). Each keeps its cause as its `source`.
 
 use std::path::PathBuf;
 
-/// A failure of the host's own making or of the guest it runs.
+/// What stops the host from starting, or a new guest from serving.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// The guest file could not be read.
-    #[error("cannot read guest component {path}: {io_error} (run `make build` to build it)")]
+    #[error("cannot read guest component {path} (run `make build` to build it)")]
     GuestUnreadable {
         /// The path that was tried.
         path: PathBuf,
         /// Why reading failed.
-        io_error: std::io::Error,
+        #[source]
+        source: std::io::Error,
     },
     /// The file is not a component this host can serve.
-    #[error("invalid guest component {path}: {reason} (run `make build` to rebuild it)")]
+    #[error("invalid guest component {path} (run `make build` to rebuild it)")]
     GuestInvalid {
         /// The path that was tried.
         path: PathBuf,
-        /// Why it was refused, on one line.
-        reason: String,
+        /// Why wasmtime refused it.
+        #[source]
+        source: wasmtime::Error,
     },
-    /// The guest trapped or otherwise failed before producing a response.
-    #[error("guest failed: {0}")]
-    GuestFailed(String),
-    /// The guest ran past the request's deadline and was stopped.
-    #[error("the guest ran past the request deadline")]
-    Timeout,
-    /// Every guest instance slot stayed busy for longer than a request may wait.
-    #[error("no guest instance slot came free in time")]
-    Busy,
+    /// The new guest did not answer its probe request 200 in time.
+    #[error("probe GET {path} answered {status}")]
+    ProbeAnswered {
+        /// The probe path.
+        path: String,
+        /// What it answered instead of 200.
+        status: http::StatusCode,
+    },
+    /// The new guest gave no response to its probe request.
+    #[error("probe GET {path} failed")]
+    ProbeFailed {
+        /// The probe path.
+        path: String,
+        /// Why no response came.
+        #[source]
+        source: RequestError,
+    },
+    /// The new guest's probe took longer than its time.
+    #[error("probe GET {path} timed out")]
+    ProbeTimedOut {
+        /// The probe path.
+        path: String,
+    },
     /// Setting up the wasm runtime failed.
-    #[error("wasm runtime: {0}")]
-    Runtime(String),
+    #[error("cannot set up the wasm runtime")]
+    Runtime(#[source] wasmtime::Error),
+    /// The task that loads a guest off the async threads failed.
+    #[error("the guest loading task failed")]
+    LoadTask(#[source] tokio::task::JoinError),
     /// `--store` is neither `memory` nor a usable PostgreSQL URL. Never holds the URL itself.
     #[error("invalid --store / USER_STORE / DATABASE_URL: {0}")]
     StoreSetting(String),
@@ -58,8 +78,61 @@ pub enum Error {
     },
 }
 
-/// A wasmtime error as one line: its whole chain of causes, without newlines.
-pub(crate) fn one_line(error: wasmtime::Error) -> String {
-    let text = format!("{:#}", anyhow::Error::from(error));
+/// Why one request's guest gave no response. Each is answered by the host itself.
+#[derive(Debug, thiserror::Error)]
+pub enum RequestError {
+    /// The guest ran past the request's deadline and was stopped: 503.
+    #[error("the guest ran past the request deadline")]
+    Timeout,
+    /// Every guest instance slot stayed busy for longer than a request may wait: 503.
+    #[error("no guest instance slot came free in time")]
+    Busy,
+    /// The guest trapped (a panic, a wasm fault) or a host call it made failed: 500.
+    #[error("the guest failed")]
+    Trapped(#[source] wasmtime::Error),
+    /// The request could not be handed to the guest: 500.
+    #[error("cannot hand the request to the guest")]
+    Setup(#[source] wasmtime::Error),
+    /// The guest answered with a `wasi:http` error code instead of a response: 500.
+    #[error("the guest answered with error code {0}")]
+    ErrorCode(String),
+    /// The guest returned without sending a response: 500.
+    #[error("the guest returned without sending a response")]
+    NoResponse,
+    /// The task running the guest ended abnormally: 500.
+    #[error("the guest's task failed")]
+    Task(#[source] tokio::task::JoinError),
+}
+
+/// An error and each of its causes, on one line: `probe GET /x failed: the guest failed: wasm
+/// trap: unreachable`. For log lines and the start-up error, which are one line each.
+pub fn one_line(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        let cause_text = cause.to_string();
+        // Some errors repeat their cause in their own message.
+        if !text.contains(&cause_text) {
+            text = format!("{text}: {cause_text}");
+        }
+        source = cause.source();
+    }
     text.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn one_line_names_every_cause_once_without_newlines() {
+        let error = Error::ProbeFailed {
+            path: "/api/health".to_string(),
+            source: RequestError::Trapped(wasmtime::format_err!("wasm trap:\n  unreachable")),
+        };
+        assert_eq!(
+            one_line(&error),
+            "probe GET /api/health failed: the guest failed: wasm trap: unreachable"
+        );
+    }
 }

@@ -6,7 +6,8 @@
 //! - [`config`]: flags and environment variables, validated before anything binds;
 //! - [`otel_env`]: the OpenTelemetry SDK's variables: which exporter, where, what resource;
 //! - [`bindings`]: the one `bindgen!` of the service's WIT world;
-//! - [`error`]: the one error type;
+//! - [`error`]: what stops the host or a new guest ([`error::Error`]), and why one request got no
+//!   response ([`error::RequestError`]), each keeping its cause;
 //! - [`guest`]: the engine and its slots, loading a component, its probe, and running one
 //!   request through a fresh instance;
 //! - [`cache`]: compiled components on disk, keyed by their bytes and the engine;

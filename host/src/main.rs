@@ -54,7 +54,9 @@ fn main() -> ExitCode {
     match outcome {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
-            eprintln!("error: {error:#}");
+            // One line, every cause named: a wasmtime error's own text may hold newlines.
+            let error: &(dyn std::error::Error + 'static) = error.as_ref();
+            eprintln!("error: {}", host::error::one_line(error));
             ExitCode::FAILURE
         }
     }

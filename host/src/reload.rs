@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use notify::{RecommendedWatcher, RecursiveMode, Watcher};
 
 use crate::cache::CacheOutcome;
-use crate::error::Error;
+use crate::error::{Error, one_line};
 use crate::guest::{Guest, ProbePath, Runtime};
 use crate::server::{App, ServingGuest};
 
@@ -76,7 +76,13 @@ impl Reloader {
             }
             Err(error) => {
                 self.app.metrics().observe_reload(false);
-                tracing::error!(trigger, path, %error, "guest reload rejected; the running guest keeps serving");
+                let why = one_line(&error);
+                tracing::error!(
+                    trigger,
+                    path,
+                    error = why,
+                    "guest reload rejected; the running guest keeps serving"
+                );
                 Err(error)
             }
         }
@@ -87,7 +93,7 @@ impl Reloader {
         let path = self.path.clone();
         let (guest, cache) = tokio::task::spawn_blocking(move || runtime.load(&path))
             .await
-            .map_err(|join_error| Error::Runtime(join_error.to_string()))??;
+            .map_err(Error::LoadTask)??;
         let version = guest.probe_version(&self.probe_path).await?;
         Ok((guest, version, cache))
     }

@@ -21,7 +21,7 @@ use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 use tracing::Instrument;
 
-use crate::error::Error;
+use crate::error::{RequestError, one_line};
 use crate::guest::Guest;
 use crate::instrument;
 use crate::metrics::{self, Metrics};
@@ -176,16 +176,16 @@ impl App {
         span.record("guest.version", serving.version.as_str());
         let response = match serving.guest.handle(state, request).await {
             Ok(response) => response,
-            Err(Error::Timeout) => {
+            Err(RequestError::Timeout) => {
                 tracing::error!("guest ran past the request deadline; answering 503");
                 responses::error(StatusCode::SERVICE_UNAVAILABLE, responses::TIMED_OUT)
             }
-            Err(Error::Busy) => {
+            Err(RequestError::Busy) => {
                 tracing::warn!("no guest instance slot came free; answering 503");
                 responses::error(StatusCode::SERVICE_UNAVAILABLE, responses::BUSY)
             }
             Err(error) => {
-                tracing::error!(%error, "guest failed; answering 500");
+                tracing::error!(error = one_line(&error), "guest failed; answering 500");
                 responses::error(StatusCode::INTERNAL_SERVER_ERROR, responses::INTERNAL_ERROR)
             }
         };

@@ -54,7 +54,7 @@ impl http_body::Body for GuestBody {
         match outcome {
             Ok(Ok(())) => Poll::Ready(None),
             Ok(Err(trap)) => {
-                let error = one_line(trap);
+                let error = one_line(&*trap);
                 self.span.in_scope(|| {
                     tracing::error!(
                         error,

@@ -25,7 +25,7 @@ pub use probe::{PROBE_TIMEOUT, ProbePath};
 pub use runtime::{EPOCH_TICK, GuestLimits, Runtime, SLOT_WAIT};
 
 use crate::bindings::ServicePre;
-use crate::error::{Error, one_line};
+use crate::error::RequestError;
 use crate::request_body::GuestRequestBody;
 use crate::request_state::RequestState;
 use crate::responses::ResponseBody;
@@ -66,7 +66,7 @@ impl Guest {
         &self,
         state: RequestState,
         request: http::Request<GuestRequestBody>,
-    ) -> Result<http::Response<ResponseBody>, Error> {
+    ) -> Result<http::Response<ResponseBody>, RequestError> {
         let permit = self.slots.acquire_running().await?;
         let mut state = state;
         state.route_templates = Arc::clone(&self.route_templates);
@@ -94,8 +94,7 @@ impl Guest {
             let response_out = store.data_mut().http().new_response_outparam(sender)?;
             Ok((request, response_out))
         };
-        let (request, response_out) =
-            setup(&mut store).map_err(|e| Error::GuestFailed(one_line(e)))?;
+        let (request, response_out) = setup(&mut store).map_err(RequestError::Setup)?;
         let pre = self.pre.clone();
         let metrics = store.data().metrics.clone();
         // A guest blocked in a host call (a client that does not read its body, a slow store)
@@ -127,28 +126,24 @@ impl Guest {
         );
         let Ok(answer) = tokio::time::timeout(backstop, receiver).await else {
             task.abort();
-            return Err(Error::Timeout);
+            return Err(RequestError::Timeout);
         };
         match answer {
             Ok(Ok(response)) => {
                 self.slots.start_streaming(&permit);
                 Ok(response.map(|body| GuestBody::new(body, task).boxed_unsync()))
             }
-            Ok(Err(code)) => Err(Error::GuestFailed(format!(
-                "guest answered with error {code:?}"
-            ))),
+            Ok(Err(code)) => Err(RequestError::ErrorCode(format!("{code:?}"))),
             // The sender is dropped with the store: the task has ended without a response.
-            Err(_) => Err(Error::GuestFailed(match task.await {
-                Ok(Ok(())) => "guest returned without sending a response".to_string(),
-                Ok(Err(trap)) if trap.is::<DeadlineExceeded>() => return Err(Error::Timeout),
+            Err(_) => Err(match task.await {
+                Ok(Ok(())) => RequestError::NoResponse,
+                Ok(Err(trap)) if trap.is::<DeadlineExceeded>() => RequestError::Timeout,
                 // The permit promises a pool slot; should the pool still come up empty, that is
                 // a lack of capacity, as when no permit comes free, not a fault of the guest.
-                Ok(Err(error)) if error.is::<PoolConcurrencyLimitError>() => {
-                    return Err(Error::Busy);
-                }
-                Ok(Err(trap)) => one_line(trap),
-                Err(join_error) => join_error.to_string(),
-            })),
+                Ok(Err(error)) if error.is::<PoolConcurrencyLimitError>() => RequestError::Busy,
+                Ok(Err(trap)) => RequestError::Trapped(trap),
+                Err(join_error) => RequestError::Task(join_error),
+            }),
         }
     }
 }

@@ -59,7 +59,13 @@ impl Guest {
                 .body(GuestRequestBody::complete(Bytes::new()))
                 .expect("a parsed path makes a valid request");
             let state = RequestState::quiet(Arc::new(UserStore::memory(0)));
-            let response = self.handle(state, request).await?;
+            let response =
+                self.handle(state, request)
+                    .await
+                    .map_err(|source| Error::ProbeFailed {
+                        path: path.to_string(),
+                        source,
+                    })?;
             let status = response.status();
             let body = http_body_util::Limited::new(response.into_body(), MAX_PROBE_BODY_BYTES)
                 .collect()
@@ -67,15 +73,18 @@ impl Guest {
                 .map(|body| body.to_bytes())
                 .unwrap_or_default();
             if status != http::StatusCode::OK {
-                return Err(Error::GuestFailed(format!(
-                    "probe GET {path} answered {status}"
-                )));
+                return Err(Error::ProbeAnswered {
+                    path: path.to_string(),
+                    status,
+                });
             }
             Ok(reported_version(&body))
         };
         tokio::time::timeout(PROBE_TIMEOUT, probe)
             .await
-            .map_err(|_| Error::GuestFailed(format!("probe GET {path} timed out")))?
+            .map_err(|_| Error::ProbeTimedOut {
+                path: path.to_string(),
+            })?
     }
 }
 

@@ -13,7 +13,7 @@ use super::Guest;
 use super::slots::InstanceSlots;
 use crate::bindings::ServicePre;
 use crate::cache::{CacheOutcome, ComponentCache};
-use crate::error::{Error, one_line};
+use crate::error::Error;
 use crate::request_state::RequestState;
 
 /// The wasm engine and the linker that provides the guest's imports. Built once per process.
@@ -66,8 +66,7 @@ impl Runtime {
     /// friends beyond the proxy world), `wasi:http`, and the service's `users` and `telemetry`.
     /// Compiled components are cached in `cache`; every instance lives within `limits`.
     pub fn new(cache: ComponentCache, limits: GuestLimits) -> Result<Runtime, Error> {
-        let engine =
-            Engine::new(&engine_config(&limits)).map_err(|e| Error::Runtime(one_line(e)))?;
+        let engine = Engine::new(&engine_config(&limits)).map_err(Error::Runtime)?;
         let mut linker = Linker::new(&engine);
         let link = |linker: &mut Linker<RequestState>| -> wasmtime::Result<()> {
             wasmtime_wasi::p2::add_to_linker_async(linker)?;
@@ -76,7 +75,7 @@ impl Runtime {
             crate::telemetry::add_to_linker(linker)?;
             Ok(())
         };
-        link(&mut linker).map_err(|e| Error::Runtime(one_line(e)))?;
+        link(&mut linker).map_err(Error::Runtime)?;
         let _ticker = EpochTicker::start(engine.clone());
         let slots = InstanceSlots::new(limits.max_instances, limits.max_streaming);
         Ok(Runtime {
@@ -92,13 +91,13 @@ impl Runtime {
     /// Reads, compiles (or takes from the cache), links and pre-instantiates the component at
     /// `path`. Blocking: compiling takes tens to hundreds of milliseconds.
     pub fn load(&self, path: &Path) -> Result<(Guest, CacheOutcome), Error> {
-        let bytes = std::fs::read(path).map_err(|io_error| Error::GuestUnreadable {
+        let bytes = std::fs::read(path).map_err(|source| Error::GuestUnreadable {
             path: path.to_owned(),
-            io_error,
+            source,
         })?;
-        let invalid = |error: wasmtime::Error| Error::GuestInvalid {
+        let invalid = |source: wasmtime::Error| Error::GuestInvalid {
             path: path.to_owned(),
-            reason: one_line(error),
+            source,
         };
         let (component, outcome) = self
             .cache

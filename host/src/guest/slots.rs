@@ -6,7 +6,7 @@ use std::sync::Arc;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use super::SLOT_WAIT;
-use crate::error::Error;
+use crate::error::RequestError;
 
 /// The two budgets of instance slots. Every live instance holds one permit of one of them.
 #[derive(Clone)]
@@ -31,10 +31,10 @@ impl InstanceSlots {
     }
 
     /// Waits up to [`SLOT_WAIT`] for a running slot.
-    pub(super) async fn acquire_running(&self) -> Result<InstancePermit, Error> {
+    pub(super) async fn acquire_running(&self) -> Result<InstancePermit, RequestError> {
         let permit = tokio::time::timeout(SLOT_WAIT, Arc::clone(&self.running).acquire_owned())
             .await
-            .map_err(|_| Error::Busy)?
+            .map_err(|_| RequestError::Busy)?
             .expect("the slot semaphores are never closed");
         Ok(Arc::new(std::sync::Mutex::new(permit)))
     }

@@ -15,7 +15,7 @@ use uuid::Uuid;
 
 use super::found::FoundUsers;
 use super::{CreateError, Unavailable, User, email_key};
-use crate::error::Error;
+use crate::error::{Error, one_line};
 
 /// The migrations, in order; each runs once per database, inside the start-up transaction.
 const MIGRATIONS: &[(i32, &str)] = &[(1, include_str!("../../migrations/0001_users.sql"))];
@@ -562,21 +562,6 @@ impl StartUpError {
             ),
         }
     }
-}
-
-/// An error and each of its causes, on one line: `connecting: Connection refused`.
-fn one_line(error: &dyn std::error::Error) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        let cause_text = cause.to_string();
-        // Some errors repeat their cause in their own message.
-        if !text.contains(&cause_text) {
-            text = format!("{text}: {cause_text}");
-        }
-        source = cause.source();
-    }
-    text.split_whitespace().collect::<Vec<_>>().join(" ")
 }
 
 fn is_duplicate_email(error: &tokio_postgres::Error) -> bool {
