@@ -66,6 +66,18 @@ const CONFIG_VARS: &[&str] = &[
     "OTEL_EXPORTER_OTLP_HEADERS",
     "OTEL_EXPORTER_OTLP_TIMEOUT",
     "OTEL_RESOURCE_ATTRIBUTES",
+    "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL",
+    "OTEL_EXPORTER_OTLP_TRACES_HEADERS",
+    "OTEL_EXPORTER_OTLP_TRACES_TIMEOUT",
+    "OTEL_EXPORTER_OTLP_COMPRESSION",
+    "OTEL_EXPORTER_OTLP_TRACES_COMPRESSION",
+    "OTEL_BSP_SCHEDULE_DELAY",
+    "OTEL_BSP_MAX_QUEUE_SIZE",
+    "OTEL_BSP_MAX_EXPORT_BATCH_SIZE",
+    "OTEL_BSP_EXPORT_TIMEOUT",
+    "OTEL_BSP_MAX_CONCURRENT_EXPORTS",
+    "GUEST_PROBE_PATH",
+    "GUEST_CACHE_DIR",
     "USER_STORE",
     "DATABASE_URL",
     "STORE_POOL_SIZE",
@@ -297,7 +309,18 @@ impl Host {
         let _ = Command::new("kill")
             .args(["-TERM", &self.child.id().to_string()])
             .status();
-        self.child.wait().unwrap()
+        // A host that never exits fails its test instead of hanging the whole run.
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status;
+            }
+            if std::time::Instant::now() > deadline {
+                let _ = self.child.kill();
+                panic!("the host did not exit within 60 s of SIGTERM");
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
     }
 
     /// The absolute URL of `path`.
