@@ -12,7 +12,7 @@ use host::guest::{GuestLimits, ProbePath, Runtime};
 use host::server::{self, App, ClientLimits, ServingGuest};
 use host::user_store::UserStore;
 use serde_json::{Value, json};
-use support::{client, guest_path, tempdir};
+use support::{client, create_with, guest_path, tempdir};
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 
@@ -89,14 +89,8 @@ async fn health_version(server: &InProcess) -> Value {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_user_created_in_process_is_found_by_its_id() {
     let server = InProcess::start().await;
-    let created = client()
-        .post(server.url("/api/users"))
-        .json(&json!({"name": "Ada", "email": "ada@example.com"}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(created.status(), 201);
-    let user: Value = created.json().await.unwrap();
+    let (status, user) = create_with(&client(), &server.base_url, "Ada", "ada@example.com").await;
+    assert_eq!(status, 201, "{user}");
     let id = user["id"].as_str().unwrap();
     let found = client()
         .get(server.url(&format!("/api/users/{id}")))
@@ -110,13 +104,9 @@ async fn a_user_created_in_process_is_found_by_its_id() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_swapped_guest_answers_the_next_request_and_the_store_is_kept() {
     let server = InProcess::start().await;
-    let created = client()
-        .post(server.url("/api/users"))
-        .json(&json!({"name": "Grace", "email": "grace@example.com"}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(created.status(), 201);
+    let (status, user) =
+        create_with(&client(), &server.base_url, "Grace", "grace@example.com").await;
+    assert_eq!(status, 201, "{user}");
     assert_eq!(health_version(&server).await, json!("0.1.0"));
 
     let minimal = load(&server.runtime, "minimal-guest").await;
