@@ -71,7 +71,7 @@ fmt:
 ## lint: clippy on every target, warnings as errors, natively and for the guest's wasm edge.
 lint: target
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
-	$(CARGO) clippy --target $(GUEST_TARGET) $(GUEST_PACKAGES) -- -D warnings
+	$(CARGO) clippy --target $(GUEST_TARGET) $(GUEST_PACKAGES) -p hello-nostd -- -D warnings
 
 ## bench: release builds, every contender under wrk, criterion; writes BENCHMARKS.md (not in CI).
 bench:

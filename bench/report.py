@@ -34,11 +34,13 @@ def criterion_ns(group, bench):
 contenders = [
     ("native-hyper", "native tokio + hyper"),
     ("host-minimal", "our host + minimal guest"),
+    ("host-nostd", "our host + no_std guest (grows its memory in every instance)"),
     ("host-real", "our host + real guest, full telemetry (spans to a Jaeger agent, UDP)"),
     ("host-real-otlp", "our host + real guest, full telemetry (spans over OTLP/HTTP to a local receiver)"),
     ("host-real-otlp-silent", "our host + real guest, spans over OTLP/HTTP to a receiver that never answers"),
     ("host-real-no-export", "our host + real guest, OTEL_TRACES_EXPORTER=none"),
     ("wasmtime-serve-minimal", "wasmtime serve + minimal guest"),
+    ("wasmtime-serve-nostd", "wasmtime serve + no_std guest"),
 ]
 runs = {name: read(name) for name, _ in contenders}
 throughput = {name: rps(run) for name, run in runs.items()}
@@ -66,6 +68,9 @@ def ratio(a, b):
 rows = [
     ("throughput, host + minimal guest / wasmtime serve + minimal guest",
      ratio(throughput["host-minimal"], serve), ">= 2.0", lambda v: v >= 2.0, "{:.2f}"),
+    ("throughput, host + no_std guest / wasmtime serve + no_std guest",
+     ratio(throughput["host-nostd"], throughput["wasmtime-serve-nostd"]), ">= 2.0",
+     lambda v: v >= 2.0, "{:.2f}"),
     ("throughput, host + real guest (full telemetry) / wasmtime serve + minimal guest",
      ratio(throughput["host-real"], serve), ">= 1.0", lambda v: v >= 1.0, "{:.2f}"),
     ("throughput, host + real guest with OTLP/HTTP export / with Jaeger agent export",

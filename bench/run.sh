@@ -43,7 +43,7 @@ if ! command -v wasmtime >/dev/null; then
   export PATH="$PWD/target/bench-venv:$PATH"
 fi
 rustup target add wasm32-wasip2 >/dev/null
-cargo build --release --target wasm32-wasip2 -p guest -p minimal-guest
+cargo build --release --target wasm32-wasip2 -p guest -p minimal-guest -p hello-nostd
 cargo build --release -p host -p baseline
 
 WASM=target/wasm32-wasip2/release
@@ -56,7 +56,7 @@ require_free() {
     echo "port $1 is in use: stop what listens there and run again" >&2; exit 1
   fi
 }
-for port in 18081 18082 18083 18084 18085 18086 18087 18088 18089 18091 18092 $PG_PORT; do require_free "$port"; done
+for port in 18081 18082 18083 18084 18085 18086 18087 18088 18089 18091 18092 18093 18094 $PG_PORT; do require_free "$port"; done
 
 # Waits until $1 answers /api/health.
 wait_ready() {
@@ -131,6 +131,8 @@ measure() {
       load "$1" http://127.0.0.1:18081/api/health ;;
     host-minimal)
       start_host 18082 "$WASM/minimal_guest.wasm"; load "$1" http://127.0.0.1:18082/api/health ;;
+    host-nostd)
+      start_host 18093 "$WASM/hello_nostd.wasm"; load "$1" http://127.0.0.1:18093/api/health ;;
     host-real)
       start_host 18083 "$WASM/guest.wasm"; load "$1" http://127.0.0.1:18083/api/health ;;
     host-real-otlp)
@@ -149,14 +151,20 @@ measure() {
       wasmtime serve -Scli --addr 127.0.0.1:18084 "$WASM/minimal_guest.wasm" >/dev/null 2>&1 & PIDS+=($!)
       wait_ready http://127.0.0.1:18084
       load "$1" http://127.0.0.1:18084/api/health ;;
+    wasmtime-serve-nostd)
+      # It imports only the proxy world, so it needs no `-S cli`.
+      command -v wasmtime >/dev/null || return 0
+      wasmtime serve --addr 127.0.0.1:18094 "$WASM/hello_nostd.wasm" >/dev/null 2>&1 & PIDS+=($!)
+      wait_ready http://127.0.0.1:18094
+      load "$1" http://127.0.0.1:18094/api/health ;;
   esac
   kill "${PIDS[-1]}"; wait "${PIDS[-1]}" 2>/dev/null || true
 }
 
 # Two rounds in opposite orders; the report keeps each contender's better round, since a
 # neighbour on a shared machine can only slow a run down.
-CONTENDERS=(native-hyper host-minimal host-real host-real-otlp host-real-otlp-silent
-  host-real-no-export wasmtime-serve-minimal)
+CONTENDERS=(native-hyper host-minimal host-nostd host-real host-real-otlp host-real-otlp-silent
+  host-real-no-export wasmtime-serve-minimal wasmtime-serve-nostd)
 echo "== throughput (wrk -t2 -c$CONNECTIONS, ${SECONDS_PER_RUN}s each, GET /api/health, two rounds)"
 command -v wasmtime >/dev/null ||
   echo "  wasmtime serve: skipped, no wasmtime CLI (cargo install wasmtime-cli --version 48.0.8 --locked)"
