@@ -146,6 +146,21 @@ async fn every_request_gets_a_fresh_instance_whatever_the_last_one_wrote() {
 }
 
 #[tokio::test]
+async fn a_read_past_the_end_of_memory_traps_even_where_an_earlier_instance_grew() {
+    // One instance at a time, so the second request gets the memory the first one grew.
+    let host = hostile_host(&[("MAX_INSTANCES", "1")]);
+    for _ in 0..3 {
+        assert_eq!(get(&host, "/remember").await.0, 200);
+        let (status, body) = get(&host, "/past-the-end").await;
+        assert_eq!(
+            (status, body),
+            (500, json!({"error": "Internal server error"}))
+        );
+    }
+    assert_still_serving(&host).await;
+}
+
+#[tokio::test]
 async fn too_many_concurrent_requests_wait_briefly_then_get_503() {
     let host = hostile_host(&[("MAX_INSTANCES", "1"), ("REQUEST_TIMEOUT_MS", "3000")]);
     let url = host.url("/loop");

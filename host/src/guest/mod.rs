@@ -1,12 +1,14 @@
 //! The guest component: compiled and linked once ([`Runtime`]), instantiated afresh for every
 //! request ([`Guest::handle`]).
 //!
-//! - `runtime.rs`: the engine (pooling allocator, epoch ticker), the linker, loading a component;
+//! - `runtime.rs`: the engine (epoch ticker), the linker, loading a component;
+//! - `pool.rs`: the linear memories and stacks instances reuse, without page-protection changes;
 //! - `slots.rs`: the two budgets of instance slots, running and streaming;
 //! - `probe.rs`: the request a new guest must answer 200 before it serves;
 //! - `body.rs`: a response body that breaks off when the guest fails mid-stream.
 
 mod body;
+mod pool;
 mod probe;
 mod runtime;
 mod slots;
@@ -17,7 +19,7 @@ use std::time::{Duration, Instant};
 use http_body_util::BodyExt;
 use tokio::sync::oneshot;
 use tracing::Instrument;
-use wasmtime::{PoolConcurrencyLimitError, Store, StoreLimitsBuilder, UpdateDeadline};
+use wasmtime::{Store, StoreLimitsBuilder, UpdateDeadline};
 use wasmtime_wasi_http::WasiHttpView;
 use wasmtime_wasi_http::p2::bindings::http::types::Scheme;
 
@@ -73,6 +75,10 @@ impl Guest {
         let mut store = Store::new(self.pre.engine(), state);
         store.data_mut().limits = StoreLimitsBuilder::new()
             .memory_size(self.limits.memory_bytes)
+            .memories(runtime::MEMORIES_PER_COMPONENT as usize)
+            .tables(runtime::TABLES_PER_COMPONENT as usize)
+            .table_elements(runtime::TABLE_ELEMENTS)
+            .instances(runtime::CORE_INSTANCES_PER_COMPONENT as usize)
             .build();
         store.limiter(|state| &mut state.limits);
         // Every tick the guest yields its thread; past the deadline it traps.
@@ -103,8 +109,9 @@ impl Guest {
         let instance_permit = Arc::clone(&permit);
         let task = tokio::spawn(
             async move {
-                // Locals drop in reverse order: the store (and its pool slot) before the permit,
-                // so a request that gets the permit always finds a free pool slot.
+                // Locals drop in reverse order: the store (its memory regions and stack back in
+                // their pools) before the permit, so a request that gets the permit always finds
+                // what it needs in the pools.
                 let _permit = instance_permit;
                 let mut store = store;
                 let exchange = async {
@@ -138,9 +145,6 @@ impl Guest {
             Err(_) => Err(match task.await {
                 Ok(Ok(())) => RequestError::NoResponse,
                 Ok(Err(trap)) if trap.is::<DeadlineExceeded>() => RequestError::Timeout,
-                // The permit promises a pool slot; should the pool still come up empty, that is
-                // a lack of capacity, as when no permit comes free, not a fault of the guest.
-                Ok(Err(error)) if error.is::<PoolConcurrencyLimitError>() => RequestError::Busy,
                 Ok(Err(trap)) => RequestError::Trapped(trap),
                 Err(join_error) => RequestError::Task(join_error),
             }),

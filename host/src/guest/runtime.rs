@@ -1,4 +1,4 @@
-//! The wasm engine, its pooling allocator and epoch ticker, and the linker: built once per
+//! The wasm engine, its memory and stack pools and epoch ticker, and the linker: built once per
 //! process; loading a component makes a [`Guest`].
 
 use std::path::Path;
@@ -7,9 +7,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use wasmtime::component::Linker;
-use wasmtime::{Enabled, Engine, InstanceAllocationStrategy, PoolingAllocationConfig};
+use wasmtime::{Engine, InstanceAllocationStrategy};
 
 use super::Guest;
+use super::pool::{MemoryPool, StackPool};
 use super::slots::InstanceSlots;
 use crate::bindings::ServicePre;
 use crate::cache::{CacheOutcome, ComponentCache};
@@ -39,8 +40,8 @@ pub struct GuestLimits {
     /// as one).
     pub max_instances: u32,
     /// Instances beyond those that have sent their head and stream the rest of the body, so
-    /// clients that read slowly do not hold the slots new requests need. The pooling allocator
-    /// reserves `max_instances + max_streaming` slots, plus one spare.
+    /// clients that read slowly do not hold the slots new requests need. The memory and stack
+    /// pools hold enough for `max_instances + max_streaming` instances, plus one spare.
     pub max_streaming: u32,
 }
 
@@ -48,18 +49,20 @@ pub struct GuestLimits {
 /// before it yields its thread to other requests.
 pub const EPOCH_TICK: Duration = Duration::from_millis(2);
 
-/// Bytes of each memory and table slot reset by memset and kept resident between requests.
-const KEEP_RESIDENT_BYTES: usize = 2 << 20;
+/// Each instance's async stack: the host calls it makes run on it too (wasmtime's default).
+const GUEST_STACK_BYTES: usize = 2 << 20;
 
 /// How long a request waits for a free instance slot before it is answered 503.
 pub const SLOT_WAIT: Duration = Duration::from_secs(1);
 
-/// Upper bounds per component, for the pooling allocator's slots: a Rust `wasm32-wasip2`
+/// Upper bounds per component (per store, by its limiter): a Rust `wasm32-wasip2`
 /// component has one memory, a few tables and a handful of core instances (its module and the
 /// canonical-ABI shims); these leave room for other toolchains' guests.
-const CORE_INSTANCES_PER_COMPONENT: u32 = 32;
-const MEMORIES_PER_COMPONENT: u32 = 2;
-const TABLES_PER_COMPONENT: u32 = 8;
+pub(super) const CORE_INSTANCES_PER_COMPONENT: u32 = 32;
+pub(super) const MEMORIES_PER_COMPONENT: u32 = 2;
+pub(super) const TABLES_PER_COMPONENT: u32 = 8;
+/// Elements one table may hold (the bound wasmtime's pooling allocator sets by default).
+pub(super) const TABLE_ELEMENTS: usize = 20_000;
 
 impl Runtime {
     /// An engine and a linker with full WASI p2 (a Rust `std` guest imports `wasi:cli` and
@@ -115,36 +118,23 @@ impl Runtime {
     }
 }
 
-/// Epoch interruption (deadlines and yields) and a pooling allocator sized by `limits`: slots
-/// are reserved once, so instantiating per request costs no `mmap`.
+/// Epoch interruption (deadlines and yields), and memories and stacks from pools sized by
+/// `limits`, reused from instance to instance without changing page protections (see
+/// [`super::pool`]).
 fn engine_config(limits: &GuestLimits) -> wasmtime::Config {
-    let slots = limits.max_instances + limits.max_streaming + 1;
-    let mut pool = PoolingAllocationConfig::default();
-    pool.total_component_instances(slots)
-        .total_stacks(slots)
-        .total_core_instances(slots * CORE_INSTANCES_PER_COMPONENT)
-        .max_core_instances_per_component(CORE_INSTANCES_PER_COMPONENT)
-        .total_memories(slots * MEMORIES_PER_COMPONENT)
-        .max_memories_per_component(MEMORIES_PER_COMPONENT)
-        .total_tables(slots * TABLES_PER_COMPONENT)
-        .max_tables_per_component(TABLES_PER_COMPONENT)
-        .max_memory_size(limits.memory_bytes)
-        // Reset a slot's memory and tables with memset rather than madvise: no page faults on
-        // the next request, and no TLB shootdowns across cores. A Rust guest touches about one
-        // MiB (its stack, data and a little heap) per request.
-        .linear_memory_keep_resident(KEEP_RESIDENT_BYTES)
-        .table_keep_resident(KEEP_RESIDENT_BYTES)
-        // Where Linux offers PAGEMAP_SCAN (6.7+), only the pages the guest dirtied are reset.
-        .pagemap_scan(Enabled::Auto)
-        // What is still decommitted is decommitted at once, by the thread dropping the store:
-        // batched, a freed slot waits in a queue that another thread may be flushing while a
-        // request holding an instance permit finds the pool empty (seen as a spurious 500 with
-        // two slots under load). Unbatched, a slot is back in the pool before its permit is.
-        .decommit_batch_size(1);
+    let slots = (limits.max_instances + limits.max_streaming + 1) as usize;
+    let memories = Arc::new(MemoryPool::new(
+        slots * MEMORIES_PER_COMPONENT as usize,
+        limits.memory_bytes,
+    ));
+    // A store runs its instantiation and its call on one fiber at a time; two per slot leave
+    // room for wasmtime keeping one stack while it starts the next.
+    let stacks = Arc::new(StackPool::new(slots * 2, GUEST_STACK_BYTES));
     let mut config = wasmtime::Config::new();
     config
         .epoch_interruption(true)
-        .allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
+        .allocation_strategy(InstanceAllocationStrategy::OnDemand);
+    super::pool::configure(&mut config, memories, stacks);
     config
 }
 
