@@ -206,6 +206,11 @@ Machine: {machine}.
 
 {chr(10).join(contender_table)}
 
+The `no_std` guest (bench/hello-nostd) grows its linear memory in every fresh instance, as guests
+built with dlmalloc or by other toolchains do; the host serves it as fast as the minimal guest
+because it reuses guest memories without changing page protections. What growing cost before,
+and why: [bench/PROFILE.md, section 6](bench/PROFILE.md#6-a-guest-that-grows-its-memory-the-hosts-own-memory-and-stack-pools).
+
 ## Targets
 
 {chr(10).join(table)}
