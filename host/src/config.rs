@@ -32,9 +32,6 @@ pub const DEFAULT_MAX_STREAMING: u32 = 512;
 pub const DEFAULT_MAX_USERS: u64 = 1_000_000;
 /// How long a request's body may take to arrive, in milliseconds.
 pub const DEFAULT_BODY_TIMEOUT_MS: u64 = 10_000;
-/// Connections served at once; more are answered 503. Below the usual limit of 1,024 open files,
-/// which the store's connections and the log files share.
-pub const DEFAULT_MAX_CONNECTIONS: usize = 768;
 /// Where users are kept unless told otherwise: this process's memory.
 pub const MEMORY_STORE: &str = "memory";
 /// PostgreSQL connections each host keeps at most: about four per core of a two-core machine,
@@ -104,15 +101,24 @@ pub struct Config {
           value_parser = clap::value_parser!(u64).range(1..))]
     pub body_timeout_ms: u64,
 
-    /// Connections served at once; a connection beyond them is answered 503 and closed.
-    #[arg(long, env = "MAX_CONNECTIONS", default_value_t = DEFAULT_MAX_CONNECTIONS,
+    /// Connections served at once [default: the open-file limit, raised to its hard limit, less
+    /// 256]; when full, the connection waiting longest for a request head (or stalled in its
+    /// body) is closed for a newcomer; only when all are being answered is a newcomer given 503.
+    #[arg(long, env = "MAX_CONNECTIONS",
           value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=1_000_000))]
-    pub max_connections: usize,
+    pub max_connections: Option<usize>,
 
     /// Linear memory cap per guest instance, in MiB.
     #[arg(long, env = "GUEST_MEMORY_MB", default_value_t = DEFAULT_GUEST_MEMORY_MB,
           value_parser = clap::value_parser!(u64).range(1..=4096))]
     pub guest_memory_mb: u64,
+
+    /// Linear memory all guest instances together may grow to, in MiB [default: half the
+    /// machine's memory]; past it a guest's `memory.grow` fails and a request whose instance
+    /// cannot get memory is answered 503.
+    #[arg(long, env = "GUEST_MEMORY_BUDGET_MB",
+          value_parser = clap::value_parser!(u64).range(1..=16 << 20))]
+    pub guest_memory_budget_mb: Option<u64>,
 
     /// Most guest instances working towards a response head at once.
     #[arg(long, env = "MAX_INSTANCES", default_value_t = DEFAULT_MAX_INSTANCES,
@@ -184,6 +190,11 @@ impl Config {
         crate::guest::GuestLimits {
             request_timeout: std::time::Duration::from_millis(self.request_timeout_ms),
             memory_bytes: usize::try_from(self.guest_memory_mb << 20).unwrap_or(usize::MAX),
+            memory_budget_bytes: self
+                .guest_memory_budget_mb
+                .map_or_else(default_memory_budget, |mb| {
+                    usize::try_from(mb << 20).unwrap_or(usize::MAX)
+                }),
             max_instances: self.max_instances,
             max_streaming: self.max_streaming,
         }
@@ -231,7 +242,9 @@ impl Config {
         crate::server::ClientLimits {
             max_body_bytes: self.max_body_bytes,
             body_timeout: Duration::from_millis(self.body_timeout_ms),
-            max_connections: self.max_connections,
+            max_connections: self
+                .max_connections
+                .unwrap_or_else(crate::connections::default_cap),
         }
     }
 
@@ -336,6 +349,7 @@ impl Default for crate::guest::GuestLimits {
         crate::guest::GuestLimits {
             request_timeout: Duration::from_millis(DEFAULT_REQUEST_TIMEOUT_MS),
             memory_bytes: usize::try_from(DEFAULT_GUEST_MEMORY_MB << 20).unwrap_or(usize::MAX),
+            memory_budget_bytes: default_memory_budget(),
             max_instances: DEFAULT_MAX_INSTANCES,
             max_streaming: DEFAULT_MAX_STREAMING,
         }
@@ -359,6 +373,21 @@ fn store_setting(text: &str) -> Result<StoreSetting, std::convert::Infallible> {
 }
 
 /// `target/guest-cache` under the workspace root this host was built in.
+/// Half the machine's physical memory: guests may use much of it, and never all of it.
+fn default_memory_budget() -> usize {
+    // SAFETY: sysconf has no preconditions.
+    let (pages, page) = unsafe {
+        (
+            libc::sysconf(libc::_SC_PHYS_PAGES),
+            libc::sysconf(libc::_SC_PAGESIZE),
+        )
+    };
+    match (usize::try_from(pages), usize::try_from(page)) {
+        (Ok(pages), Ok(page)) if pages > 0 => pages.saturating_mul(page) / 2,
+        _ => usize::MAX,
+    }
+}
+
 fn default_cache_dir() -> PathBuf {
     workspace_root().join("target/guest-cache")
 }
@@ -414,6 +443,7 @@ mod tests {
         let (flags, default) = (config.guest_limits(), crate::guest::GuestLimits::default());
         assert_eq!(flags.request_timeout, default.request_timeout);
         assert_eq!(flags.memory_bytes, default.memory_bytes);
+        assert_eq!(flags.memory_budget_bytes, default.memory_budget_bytes);
         assert_eq!(flags.max_instances, default.max_instances);
         assert_eq!(flags.max_streaming, default.max_streaming);
     }

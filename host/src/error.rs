@@ -25,6 +25,15 @@ pub enum Error {
         #[source]
         source: wasmtime::Error,
     },
+    /// The component breaks a rule of this host that wasmtime does not check.
+    #[error("guest component {path} is refused")]
+    GuestRefused {
+        /// The path that was tried.
+        path: PathBuf,
+        /// Which rule it breaks.
+        #[source]
+        source: crate::guest::Refusal,
+    },
     /// The new guest did not answer its probe request 200 in time.
     #[error("probe GET {path} answered {status}")]
     ProbeAnswered {

@@ -19,6 +19,7 @@
 //! - [`instrument`]: telemetry set-up, the request span and its names;
 //! - [`logs`]: the JSON log line format;
 //! - [`server`]: the accept loop and the per-request path (request ids, limits, errors);
+//! - [`connections`]: the connection table, and which connection gives way when it is full;
 //! - [`stall`]: connections that give up on a client that stops reading;
 //! - [`metrics`]: every metric name, and the `/metrics` page;
 //! - [`routes`]: the route templates the guest names, a bounded set of labels per guest;
@@ -28,6 +29,7 @@
 pub mod bindings;
 pub mod cache;
 pub mod config;
+pub mod connections;
 pub mod error;
 pub mod guest;
 pub mod instrument;

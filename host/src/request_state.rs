@@ -43,8 +43,8 @@ pub struct RequestState {
     pub(crate) store_spans: u32,
     /// The guest's open spans and what is left of its telemetry quotas.
     pub(crate) guest_telemetry: GuestTelemetry,
-    /// The per-instance resource limits (linear memory), enforced by wasmtime.
-    pub(crate) limits: wasmtime::StoreLimits,
+    /// The instance's resource limits and the host-wide memory budget, enforced by wasmtime.
+    pub(crate) limits: crate::guest::InstanceLimiter,
     /// Whether the guest's spans and logs are recorded (not for the host's own health probes).
     pub(crate) telemetry_enabled: bool,
 }
@@ -78,7 +78,7 @@ impl RequestState {
             store_spans: 0,
             guest_telemetry: GuestTelemetry::default(),
             telemetry_enabled: true,
-            limits: wasmtime::StoreLimits::default(),
+            limits: crate::guest::InstanceLimiter::default(),
         }
     }
 

@@ -12,14 +12,16 @@ use std::sync::{Arc, PoisonError, RwLock};
 use std::time::{Duration, Instant};
 
 use http::{HeaderMap, HeaderName, HeaderValue, Method, Request, Response, StatusCode, header};
+use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
 use tokio::net::TcpListener;
-use tokio::sync::Semaphore;
 use tracing::Instrument;
+
+use crate::connections::{AwaitNextHead, ConnectionTable, Phase, Ticket};
 
 use crate::error::{RequestError, one_line};
 use crate::guest::Guest;
@@ -57,8 +59,8 @@ pub struct App {
     users: Arc<UserStore>,
     metrics: Arc<Metrics>,
     limits: ClientLimits,
-    /// One permit per connection the host serves at once.
-    connections: Arc<Semaphore>,
+    /// The connections the host serves at once.
+    connections: Arc<ConnectionTable>,
 }
 
 /// What one client may use of the host.
@@ -68,7 +70,8 @@ pub struct ClientLimits {
     pub max_body_bytes: usize,
     /// How long a request's body may take to arrive once its head has; slower ones get 408.
     pub body_timeout: Duration,
-    /// Connections served at once; a connection beyond them is answered 503 and closed.
+    /// Connections served at once; when full, one that is not being answered gives way to a
+    /// newcomer (see [`crate::connections`]), and only otherwise is the newcomer answered 503.
     pub max_connections: usize,
 }
 
@@ -79,7 +82,7 @@ impl App {
             guest: RwLock::new(Arc::new(guest)),
             users,
             metrics: Arc::new(Metrics::new()),
-            connections: Arc::new(Semaphore::new(limits.max_connections)),
+            connections: ConnectionTable::new(limits.max_connections),
             limits,
         }
     }
@@ -127,6 +130,7 @@ impl App {
         if !has_valid_host(request.headers()) {
             return responses::error(StatusCode::BAD_REQUEST, responses::BAD_HOST);
         }
+        let connection = request.extensions().get::<Arc<Ticket>>().cloned();
         if request.uri().path() == routes::METRICS_PATH {
             if let Some(route) = matched_route.set(Arc::from(routes::METRICS_PATH)) {
                 span.record("http.route", &*route);
@@ -151,6 +155,10 @@ impl App {
                 return responses::error(StatusCode::BAD_REQUEST, responses::UNREADABLE_BODY);
             }
         };
+        if let Some(connection) = &connection {
+            // The whole request is here: from now on the connection is doing work.
+            connection.enter(Phase::Answering);
+        }
         let left_unread = body == ReadBody::OverLimit;
         let (body, over_limit_read) = GuestRequestBody::new(body);
         parts.headers.insert(REQUEST_ID, request_id.clone());
@@ -315,8 +323,9 @@ pub async fn serve(listener: TcpListener, app: Arc<App>, shutdown: impl Future<O
         };
         let _ = stream.set_nodelay(true);
         bound_unsent_bytes(&stream);
-        let Ok(connection_permit) = Arc::clone(&app.connections).try_acquire_owned() else {
-            // Over the cap: say so and close, rather than queue a client with no answer.
+        let Some(ticket) = app.connections.admit() else {
+            // Every connection is being answered: say so and close, rather than queue a client
+            // with no answer.
             tokio::spawn(async move {
                 use tokio::io::AsyncWriteExt;
                 let answer = responses::over_connection_cap();
@@ -325,9 +334,18 @@ pub async fn serve(listener: TcpListener, app: Arc<App>, shutdown: impl Future<O
             continue;
         };
         let app = Arc::clone(&app);
-        let service = service_fn(move |request| {
+        let connection_ticket = Arc::clone(&ticket);
+        let service = service_fn(move |mut request: Request<Incoming>| {
             let app = Arc::clone(&app);
-            async move { Ok::<_, Infallible>(app.handle(request).await) }
+            let ticket = Arc::clone(&connection_ticket);
+            async move {
+                ticket.enter(Phase::ReadingBody);
+                request.extensions_mut().insert(Arc::clone(&ticket));
+                let response = app.handle(request).await;
+                Ok::<_, Infallible>(
+                    response.map(|body| AwaitNextHead::new(body, ticket).boxed_unsync()),
+                )
+            }
         });
         let connection = http1::Builder::new()
             .timer(TokioTimer::new())
@@ -339,9 +357,13 @@ pub async fn serve(listener: TcpListener, app: Arc<App>, shutdown: impl Future<O
             );
         let connection = connections.watch(connection);
         tokio::spawn(async move {
-            // A client that vanishes or speaks garbage ends its own connection, nothing more.
-            let _ = connection.await;
-            drop(connection_permit);
+            // A client that vanishes or speaks garbage ends its own connection, nothing more; a
+            // connection the full table sheds is dropped, which closes it.
+            tokio::select! {
+                _ = connection => {}
+                () = ticket.shed() => {}
+            }
+            drop(ticket);
         });
     }
     drop(listener);

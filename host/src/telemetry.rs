@@ -29,6 +29,9 @@ pub const MAX_BYTES_PER_REQUEST: usize = 256 * 1024;
 /// of the Jaeger agent, where one larger span would lose its whole batch of other requests'
 /// spans. Longer names and text values are cut to [`MAX_VALUE_BYTES`].
 pub const MAX_BYTES_PER_SPAN: usize = 16 * 1024;
+/// Bytes of route templates one request's guest may name; later `set-route` calls are not read
+/// (the last route read stands). Far above what any handler names (100,000 short names fit).
+pub const MAX_ROUTE_BYTES_PER_REQUEST: usize = 1024 * 1024;
 /// The longest span name, attribute key, text value or log message kept; longer ones are cut.
 pub const MAX_VALUE_BYTES: usize = 4 * 1024;
 /// Log fields the guest's attributes may not replace; a guest attribute of one of these names is
@@ -56,6 +59,8 @@ pub struct GuestTelemetry {
     attributes: u32,
     log_events: u32,
     bytes: usize,
+    /// Bytes of the route templates read so far, against [`MAX_ROUTE_BYTES_PER_REQUEST`].
+    route_bytes: usize,
     dropped: Dropped,
 }
 
@@ -102,6 +107,28 @@ impl OpenSpan {
 }
 
 impl GuestTelemetry {
+    /// Whether a new span may still be opened: checked before its name is read.
+    fn may_open_span(&self) -> bool {
+        self.spans < MAX_SPANS_PER_REQUEST && self.bytes < MAX_BYTES_PER_REQUEST
+    }
+
+    /// Whether a new log event may still be written: checked before its message is read.
+    fn may_log(&self) -> bool {
+        self.log_events < MAX_LOG_EVENTS_PER_REQUEST && self.bytes < MAX_BYTES_PER_REQUEST
+    }
+
+    /// Whether an attribute may still be set on the span `rep`: checked before it is read.
+    fn may_set_attribute(&self, rep: u32) -> bool {
+        self.attributes < MAX_ATTRIBUTES_PER_REQUEST
+            && self.bytes < MAX_BYTES_PER_REQUEST
+            && self.open.iter().any(|open| open.rep == rep)
+    }
+
+    /// Whether another route template may still be read.
+    fn may_name_route(&self) -> bool {
+        self.route_bytes < MAX_ROUTE_BYTES_PER_REQUEST
+    }
+
     /// Takes `bytes` from the byte quota, if that much is left.
     fn take_bytes(&mut self, bytes: usize) -> bool {
         let fits = self.bytes + bytes <= MAX_BYTES_PER_REQUEST;
@@ -302,7 +329,13 @@ pub fn add_to_linker(linker: &mut Linker<RequestState>) -> wasmtime::Result<()> 
             if !store.data().telemetry_enabled {
                 return Ok((store.data_mut().table.push(GuestSpan)?,));
             }
-            let Some(name) = lift_text(&mut store, &name)? else {
+            let admitted = store.data().guest_telemetry.may_open_span();
+            let name = if admitted {
+                lift_text(&mut store, &name)?
+            } else {
+                None
+            };
+            let Some(name) = name else {
                 let state = store.data_mut();
                 state.guest_telemetry.dropped.spans += 1;
                 state.guest_telemetry.dropped.attributes += attributes.len() as u64;
@@ -318,7 +351,13 @@ pub fn add_to_linker(linker: &mut Linker<RequestState>) -> wasmtime::Result<()> 
             if !store.data().telemetry_enabled {
                 return Ok(());
             }
-            match lift_attribute(&mut store, attribute)? {
+            let admitted = store.data().guest_telemetry.may_set_attribute(span.rep());
+            let attribute = if admitted {
+                lift_attribute(&mut store, attribute)?
+            } else {
+                None
+            };
+            match attribute {
                 Some(attribute) => HostSpan::set_attribute(store.data_mut(), span, attribute)?,
                 None => store.data_mut().guest_telemetry.dropped.attributes += 1,
             }
@@ -331,7 +370,12 @@ pub fn add_to_linker(linker: &mut Linker<RequestState>) -> wasmtime::Result<()> 
             if !store.data().telemetry_enabled {
                 return Ok(());
             }
-            let Some(message) = lift_text(&mut store, &message)? else {
+            let message = if store.data().guest_telemetry.may_log() {
+                lift_text(&mut store, &message)?
+            } else {
+                None
+            };
+            let Some(message) = message else {
                 let telemetry = &mut store.data_mut().guest_telemetry;
                 telemetry.dropped.log_events += 1;
                 telemetry.dropped.attributes += attributes.len() as u64;
@@ -342,17 +386,19 @@ pub fn add_to_linker(linker: &mut Linker<RequestState>) -> wasmtime::Result<()> 
         },
     )?;
     instance.func_wrap("set-route", |mut store, (template,): (WasmStr,)| {
-        if !store.data().telemetry_enabled {
+        if !store.data().telemetry_enabled || !store.data().guest_telemetry.may_name_route() {
             return Ok(());
         }
-        let (label, first_folded) = {
+        let (label, first_folded, read) = {
             let template = template.to_str(&store)?;
             let label = store.data().route_templates.label(&template);
             // The template is copied only for the one WARN line a guest gets.
             let first_folded = matches!(label, Label::Folded { first: true })
                 .then(|| cut_str(&template, MAX_TEMPLATE_BYTES).to_string());
-            (label, first_folded)
+            (label, first_folded, template.len())
         };
+        let telemetry = &mut store.data_mut().guest_telemetry;
+        telemetry.route_bytes = telemetry.route_bytes.saturating_add(read);
         set_route(
             store.data_mut(),
             label,

@@ -2,27 +2,35 @@
 //! request ([`Guest::handle`]).
 //!
 //! - `runtime.rs`: the engine (epoch ticker), the linker, loading a component;
+//! - `admission.rs`: what a component must be before it is linked (UTF-8 strings to the host);
+//! - `capacity.rs`: the pools, memory budget, store limits and slots, all sized from the flags;
 //! - `pool.rs`: the linear memories and stacks instances reuse, without page-protection changes;
 //! - `slots.rs`: the two budgets of instance slots, running and streaming;
 //! - `probe.rs`: the request a new guest must answer 200 before it serves;
 //! - `body.rs`: a response body that breaks off when the guest fails mid-stream.
 
+mod admission;
 mod body;
+mod capacity;
 mod pool;
 mod probe;
 mod runtime;
 mod slots;
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use http_body_util::BodyExt;
 use tokio::sync::oneshot;
 use tracing::Instrument;
-use wasmtime::{Store, StoreLimitsBuilder, UpdateDeadline};
+use wasmtime::{Store, UpdateDeadline};
 use wasmtime_wasi_http::WasiHttpView;
 use wasmtime_wasi_http::p2::bindings::http::types::Scheme;
 
+pub use admission::Refusal;
+pub use capacity::{GuestCapacity, InstanceLimiter};
+pub use pool::POOL_TRIM_PERIOD;
 pub use probe::{PROBE_TIMEOUT, ProbePath};
 pub use runtime::{EPOCH_TICK, GuestLimits, Runtime, SLOT_WAIT};
 
@@ -33,7 +41,6 @@ use crate::request_state::RequestState;
 use crate::responses::ResponseBody;
 use crate::routes::RouteTemplates;
 use body::GuestBody;
-use slots::InstanceSlots;
 
 /// The trap raised when a request outlives its deadline.
 #[derive(Debug)]
@@ -52,7 +59,8 @@ impl std::error::Error for DeadlineExceeded {}
 pub struct Guest {
     pre: ServicePre<RequestState>,
     limits: GuestLimits,
-    slots: InstanceSlots,
+    /// The pools and slots every instance of every guest shares.
+    capacity: Arc<GuestCapacity>,
     /// The route templates this guest has named, each labelled (a bounded set per guest).
     route_templates: Arc<RouteTemplates>,
 }
@@ -69,17 +77,12 @@ impl Guest {
         state: RequestState,
         request: http::Request<GuestRequestBody>,
     ) -> Result<http::Response<ResponseBody>, RequestError> {
-        let permit = self.slots.acquire_running().await?;
+        let permit = self.capacity.slots.acquire_running().await?;
         let mut state = state;
         state.route_templates = Arc::clone(&self.route_templates);
+        let over_budget = Arc::new(AtomicBool::new(false));
+        state.limits = self.capacity.limiter(Arc::clone(&over_budget));
         let mut store = Store::new(self.pre.engine(), state);
-        store.data_mut().limits = StoreLimitsBuilder::new()
-            .memory_size(self.limits.memory_bytes)
-            .memories(runtime::MEMORIES_PER_COMPONENT as usize)
-            .tables(runtime::TABLES_PER_COMPONENT as usize)
-            .table_elements(runtime::TABLE_ELEMENTS)
-            .instances(runtime::CORE_INSTANCES_PER_COMPONENT as usize)
-            .build();
         store.limiter(|state| &mut state.limits);
         // Every tick the guest yields its thread; past the deadline it traps.
         let deadline = Instant::now() + self.limits.request_timeout;
@@ -137,7 +140,7 @@ impl Guest {
         };
         match answer {
             Ok(Ok(response)) => {
-                self.slots.start_streaming(&permit);
+                self.capacity.slots.start_streaming(&permit);
                 Ok(response.map(|body| GuestBody::new(body, task).boxed_unsync()))
             }
             Ok(Err(code)) => Err(RequestError::ErrorCode(format!("{code:?}"))),
@@ -145,6 +148,8 @@ impl Guest {
             Err(_) => Err(match task.await {
                 Ok(Ok(())) => RequestError::NoResponse,
                 Ok(Err(trap)) if trap.is::<DeadlineExceeded>() => RequestError::Timeout,
+                // The host, not the guest, ran short: the instance could not get its memory.
+                Ok(Err(_)) if over_budget.load(Ordering::Acquire) => RequestError::Busy,
                 Ok(Err(trap)) => RequestError::Trapped(trap),
                 Err(join_error) => RequestError::Task(join_error),
             }),

@@ -11,11 +11,20 @@
 //! Here memories have no guard pages and no reservation ([`configure`]), so Cranelift checks
 //! every access against the memory's current size, with its Spectre mitigation (an
 //! out-of-bounds address becomes null) still on. Nothing relies on page protection, so a region
-//! is mapped read/write once, handed from instance to instance, and only zeroed in between.
+//! is mapped read/write once, handed from instance to instance, and reset in between
+//! ([`Mapping::reset`]): what the last instance could reach reads as zeroes for the next one,
+//! whatever the kernel did with the pages meanwhile (swapped them out included).
+//!
+//! Bounds: at most as many regions and stacks as [`super::capacity::GuestCapacity`] says, guest
+//! memories together within a host-wide [`MemoryBudget`], and mappings nobody needed for a whole
+//! [`POOL_TRIM_PERIOD`] unmapped by [`MemoryPool::trim`] and [`StackPool::trim`], so a burst
+//! does not keep its memory for ever.
 
 use std::ops::Range;
 use std::ptr::NonNull;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use wasmtime::{LinearMemory, MemoryCreator, MemoryType, StackCreator, StackMemory};
 
@@ -38,9 +47,13 @@ pub(super) fn configure(
         .with_host_stack(stacks);
 }
 
-/// Bytes at the start of each memory that are zeroed in place between instances and stay
-/// resident; a Rust guest touches well under this (its stack, data and a little heap).
+/// Bytes at the start of each memory whose resident pages are zeroed in place between
+/// instances and stay resident; a Rust guest touches well under this (its stack, data and a
+/// little heap). Every other page an instance could reach is given back to the kernel.
 const KEEP_RESIDENT_BYTES: usize = 2 << 20;
+
+/// How often the pools give back the mappings that stayed free for the whole period.
+pub const POOL_TRIM_PERIOD: Duration = Duration::from_secs(5);
 
 /// An anonymous private mapping, unmapped when dropped.
 struct Mapping {
@@ -81,33 +94,68 @@ impl Mapping {
         self.base.as_ptr()
     }
 
-    /// Sets the first `len` bytes back to zero. Up to `keep_resident` bytes, only the resident
-    /// pages are written (a page never touched is still unmapped or the kernel's zero page) and
-    /// stay resident for the next instance; past it, the pages go back to the kernel, so a guest
-    /// that once grew large does not keep that memory in the host for ever.
-    fn reset(&self, len: usize, keep_resident: usize) {
+    /// Makes every byte of `range` read as zero again.
+    ///
+    /// The pages `mincore` reports resident within the first `keep_resident` bytes of the range
+    /// are written with zeroes and stay resident for the next user (no page fault, and no TLB
+    /// flush, which giving a present page back would cost). Every other page is given back with
+    /// `MADV_DONTNEED`: a page the kernel swapped out is not resident, yet still holds the last
+    /// user's data in swap, and `MADV_DONTNEED` drops that copy too. So correctness never rests
+    /// on the residency scan; the scan only decides which pages are cheaper to keep.
+    fn reset(&self, range: Range<usize>, keep_resident: usize) {
         let page = page_size();
-        let len = len.min(self.len).div_ceil(page) * page;
-        let kept = keep_resident.min(len).div_ceil(page) * page;
-        let mut resident = vec![0u8; kept / page];
+        let start = range.start / page * page;
+        let end = (range.end.min(self.len).div_ceil(page) * page).max(start);
+        let kept_end = (start + keep_resident.div_ceil(page) * page).min(end);
+        let mut resident = vec![0u8; (kept_end - start) / page];
         // SAFETY: the range lies inside this mapping; `resident` has a byte per page.
-        let scanned = unsafe { libc::mincore(self.ptr().cast(), kept, resident.as_mut_ptr()) } == 0;
+        let scanned = unsafe {
+            libc::mincore(
+                self.ptr().add(start).cast(),
+                kept_end - start,
+                resident.as_mut_ptr(),
+            )
+        } == 0;
+        if !scanned {
+            self.give_back(start..end);
+            return;
+        }
+        // Pages not resident are given back in runs, each run with one call.
+        let mut run_start = None;
         for (index, state) in resident.iter().enumerate() {
-            if !scanned || state & 1 == 1 {
-                // SAFETY: page `index` lies inside this mapping, and no instance uses it now.
-                unsafe { std::ptr::write_bytes(self.ptr().add(index * page), 0, page) };
+            let offset = start + index * page;
+            if state & 1 == 1 {
+                if let Some(run) = run_start.take() {
+                    self.give_back(run..offset);
+                }
+                // SAFETY: this page lies inside the mapping, and no instance uses it now.
+                unsafe { std::ptr::write_bytes(self.ptr().add(offset), 0, page) };
+            } else {
+                run_start.get_or_insert(offset);
             }
         }
-        if len > kept {
-            // SAFETY: the rest of the range, inside this mapping and in use by no instance; for
-            // a private anonymous mapping the next read of these pages gives zeroes.
-            let advised = unsafe {
-                libc::madvise(self.ptr().add(kept).cast(), len - kept, libc::MADV_DONTNEED)
-            };
-            if advised != 0 {
-                // SAFETY: as above.
-                unsafe { std::ptr::write_bytes(self.ptr().add(kept), 0, len - kept) };
-            }
+        // The last run of pages not resident joins whatever lies past the kept bytes.
+        let rest = run_start.unwrap_or(kept_end);
+        if rest < end {
+            self.give_back(rest..end);
+        }
+    }
+
+    /// Gives the pages of `range` back to the kernel: the next read of any of them is a fresh
+    /// zero page, whether the page was resident, swapped out or never touched.
+    fn give_back(&self, range: Range<usize>) {
+        // SAFETY: a page-aligned range inside this mapping, used by nobody now; for a private
+        // anonymous mapping the next read of these pages gives zeroes.
+        let advised = unsafe {
+            libc::madvise(
+                self.ptr().add(range.start).cast(),
+                range.len(),
+                libc::MADV_DONTNEED,
+            )
+        };
+        if advised != 0 {
+            // SAFETY: as above.
+            unsafe { std::ptr::write_bytes(self.ptr().add(range.start), 0, range.len()) };
         }
     }
 }
@@ -124,7 +172,8 @@ fn page_size() -> usize {
     usize::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap_or(4096)
 }
 
-/// Mappings of one size, at most `max` of them, made as first needed and reused.
+/// Mappings of one size, at most `max` of them, made as first needed, reused, and unmapped once
+/// they have stayed free for a whole trim period.
 struct Mappings {
     state: Mutex<MappingsState>,
     max: usize,
@@ -136,9 +185,12 @@ struct Mappings {
 }
 
 struct MappingsState {
+    /// Free mappings, the most recently returned last (taken first, so they stay warm).
     free: Vec<Mapping>,
-    /// Mappings made so far, in use or free.
+    /// Mappings made and not yet unmapped, in use or free.
     made: usize,
+    /// The fewest free mappings since the last trim: that many were not needed all period.
+    fewest_free: usize,
 }
 
 impl Mappings {
@@ -147,6 +199,7 @@ impl Mappings {
             state: Mutex::new(MappingsState {
                 free: Vec::new(),
                 made: 0,
+                fewest_free: 0,
             }),
             max,
             len,
@@ -158,6 +211,7 @@ impl Mappings {
     fn take(&self) -> Result<Mapping, String> {
         let mut state = self.state.lock().expect("pool lock");
         if let Some(mapping) = state.free.pop() {
+            state.fewest_free = state.fewest_free.min(state.free.len());
             return Ok(mapping);
         }
         if state.made >= self.max {
@@ -179,20 +233,101 @@ impl Mappings {
     fn give_back(&self, mapping: Mapping) {
         self.state.lock().expect("pool lock").free.push(mapping);
     }
+
+    /// Unmaps the mappings that stayed free since the last trim, the least recently used
+    /// first; returns how many.
+    fn trim(&self) -> usize {
+        let surplus: Vec<Mapping> = {
+            let mut state = self.state.lock().expect("pool lock");
+            let count = state.fewest_free.min(state.free.len());
+            let surplus: Vec<Mapping> = state.free.drain(..count).collect();
+            state.made -= count;
+            state.fewest_free = state.free.len();
+            surplus
+        };
+        // Unmapped here, outside the lock.
+        surplus.len()
+    }
+
+    /// Mappings made and not yet unmapped.
+    fn made(&self) -> usize {
+        self.state.lock().expect("pool lock").made
+    }
+}
+
+/// The linear memory all guest instances together may grow to, however many there are.
+pub struct MemoryBudget {
+    limit: usize,
+    committed: AtomicUsize,
+}
+
+impl MemoryBudget {
+    /// A budget of `limit` bytes.
+    pub fn new(limit: usize) -> MemoryBudget {
+        MemoryBudget {
+            limit,
+            committed: AtomicUsize::new(0),
+        }
+    }
+
+    /// Whether `bytes` more would fit now.
+    pub fn has_room_for(&self, bytes: usize) -> bool {
+        self.committed
+            .load(Ordering::Relaxed)
+            .checked_add(bytes)
+            .is_some_and(|total| total <= self.limit)
+    }
+
+    /// Takes `bytes` from the budget, if they fit.
+    fn commit(&self, bytes: usize) -> bool {
+        self.committed
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |committed| {
+                committed
+                    .checked_add(bytes)
+                    .filter(|total| *total <= self.limit)
+            })
+            .is_ok()
+    }
+
+    fn release(&self, bytes: usize) {
+        self.committed.fetch_sub(bytes, Ordering::AcqRel);
+    }
+
+    /// Bytes of linear memory live instances hold now.
+    pub fn committed(&self) -> usize {
+        self.committed.load(Ordering::Relaxed)
+    }
 }
 
 /// Regions of linear memory, each as large as an instance may grow, reused from instance to
 /// instance.
-pub struct MemoryPool(Arc<Mappings>);
+pub struct MemoryPool {
+    regions: Arc<Mappings>,
+    budget: Arc<MemoryBudget>,
+}
 
 impl MemoryPool {
-    /// A pool of at most `max` regions of `region_bytes` each, mapped as they are first needed.
-    pub fn new(max: usize, region_bytes: usize) -> MemoryPool {
-        MemoryPool(Mappings::new("linear memory regions", max, region_bytes, 0))
+    /// A pool of at most `max` regions of `region_bytes` each, mapped as they are first needed,
+    /// whose memories together stay within `budget`.
+    pub fn new(max: usize, region_bytes: usize, budget: Arc<MemoryBudget>) -> MemoryPool {
+        MemoryPool {
+            regions: Mappings::new("linear memory regions", max, region_bytes, 0),
+            budget,
+        }
+    }
+
+    /// Unmaps the regions no instance needed since the last trim; returns how many.
+    pub fn trim(&self) -> usize {
+        self.regions.trim()
+    }
+
+    /// Regions mapped now, in use or free.
+    pub fn mapped(&self) -> usize {
+        self.regions.made()
     }
 }
 
-// SAFETY: every memory made here is zero-filled (fresh or zeroed on return), never moves, holds
+// SAFETY: every memory made here is zero-filled (fresh or reset on return), never moves, holds
 // its whole capacity read/write, and is handed to one instance at a time.
 unsafe impl MemoryCreator for MemoryPool {
     fn new_memory(
@@ -206,18 +341,27 @@ unsafe impl MemoryCreator for MemoryPool {
         if guard_size_in_bytes != 0 {
             return Err("pooled memories have no guard pages".into());
         }
-        if minimum > self.0.len {
+        if minimum > self.regions.len {
             return Err(format!(
                 "a memory of {minimum} bytes is over the limit of {} bytes",
-                self.0.len
+                self.regions.len
             ));
         }
-        let region = self.0.take()?;
+        if !self.budget.commit(minimum) {
+            return Err("the guest memory budget is spent".into());
+        }
+        let region = match self.regions.take() {
+            Ok(region) => region,
+            Err(reason) => {
+                self.budget.release(minimum);
+                return Err(reason);
+            }
+        };
         Ok(Box::new(PooledMemory {
             region: Some(region),
             size: minimum,
-            high_water: minimum,
-            pool: Arc::clone(&self.0),
+            pool: Arc::clone(&self.regions),
+            budget: Arc::clone(&self.budget),
         }))
     }
 }
@@ -225,10 +369,11 @@ unsafe impl MemoryCreator for MemoryPool {
 /// One instance's linear memory: a pooled region and how much of it the instance may address.
 struct PooledMemory {
     region: Option<Mapping>,
+    /// Bytes the instance may address; linear memories never shrink, so this is also all it
+    /// could ever have written, what is reset on return and what it holds of the budget.
     size: usize,
-    /// The most this instance has ever been able to write: what must be zeroed on return.
-    high_water: usize,
     pool: Arc<Mappings>,
+    budget: Arc<MemoryBudget>,
 }
 
 impl PooledMemory {
@@ -240,7 +385,7 @@ impl PooledMemory {
 }
 
 // SAFETY: `as_ptr` never changes, `byte_capacity` bytes from it are mapped read/write, and
-// every byte past `byte_size` is zero (the region was zeroed before this instance got it).
+// every byte past `byte_size` is zero (the region was reset before this instance got it).
 unsafe impl LinearMemory for PooledMemory {
     fn byte_size(&self) -> usize {
         self.size
@@ -254,8 +399,12 @@ unsafe impl LinearMemory for PooledMemory {
         if new_size > self.byte_capacity() {
             wasmtime::bail!("memory cannot grow past {} bytes", self.byte_capacity());
         }
-        self.size = new_size;
-        self.high_water = self.high_water.max(new_size);
+        if new_size > self.size {
+            if !self.budget.commit(new_size - self.size) {
+                wasmtime::bail!("the guest memory budget is spent");
+            }
+            self.size = new_size;
+        }
         Ok(())
     }
 
@@ -267,9 +416,10 @@ unsafe impl LinearMemory for PooledMemory {
 impl Drop for PooledMemory {
     fn drop(&mut self) {
         if let Some(region) = self.region.take() {
-            region.reset(self.high_water, KEEP_RESIDENT_BYTES);
+            region.reset(0..self.size, KEEP_RESIDENT_BYTES);
             self.pool.give_back(region);
         }
+        self.budget.release(self.size);
     }
 }
 
@@ -288,12 +438,22 @@ impl StackPool {
             stack_bytes,
         }
     }
+
+    /// Unmaps the stacks no fiber needed since the last trim; returns how many.
+    pub fn trim(&self) -> usize {
+        self.mappings.trim()
+    }
+
+    /// Stacks mapped now, in use or free.
+    pub fn mapped(&self) -> usize {
+        self.mappings.made()
+    }
 }
 
 // SAFETY: every stack is `stack_bytes` read/write bytes above a guard page, used by one fiber
-// at a time.
+// at a time, and all zeroes when handed out (fresh, or reset when its last fiber gave it back).
 unsafe impl StackCreator for StackPool {
-    fn new_stack(&self, size: usize, zeroed: bool) -> wasmtime::Result<Box<dyn StackMemory>> {
+    fn new_stack(&self, size: usize, _zeroed: bool) -> wasmtime::Result<Box<dyn StackMemory>> {
         if size > self.stack_bytes {
             wasmtime::bail!(
                 "a stack of {size} bytes is over the pool's {}",
@@ -301,21 +461,15 @@ unsafe impl StackCreator for StackPool {
             );
         }
         let mapping = self.mappings.take().map_err(wasmtime::Error::msg)?;
-        let stack = PooledStack {
+        Ok(Box::new(PooledStack {
             mapping: Some(mapping),
             guard: self.mappings.guard,
             pool: Arc::clone(&self.mappings),
-        };
-        if zeroed {
-            let range = stack.range();
-            // SAFETY: the stack's usable range, not in use by any fiber yet.
-            unsafe { std::ptr::write_bytes(range.start as *mut u8, 0, range.len()) };
-        }
-        Ok(Box::new(stack))
+        }))
     }
 }
 
-/// One fiber's stack, returned to its pool when dropped.
+/// One fiber's stack, reset and returned to its pool when dropped.
 struct PooledStack {
     mapping: Option<Mapping>,
     guard: usize,
@@ -354,6 +508,8 @@ unsafe impl StackMemory for PooledStack {
 impl Drop for PooledStack {
     fn drop(&mut self) {
         if let Some(mapping) = self.mapping.take() {
+            // A fiber's frames (host calls' arguments included) never reach the next one.
+            mapping.reset(self.guard..mapping.len, mapping.len);
             self.pool.give_back(mapping);
         }
     }
@@ -364,6 +520,14 @@ mod tests {
     use super::*;
 
     const MIB: usize = 1 << 20;
+
+    fn pool(regions: usize, region_bytes: usize) -> MemoryPool {
+        MemoryPool::new(
+            regions,
+            region_bytes,
+            Arc::new(MemoryBudget::new(usize::MAX)),
+        )
+    }
 
     fn memory(pool: &MemoryPool, minimum: usize) -> Result<Box<dyn LinearMemory>, String> {
         pool.new_memory(MemoryType::new(1, None), minimum, None, Some(0), 0)
@@ -390,7 +554,7 @@ mod tests {
 
     #[test]
     fn a_region_comes_back_zeroed_wherever_its_last_instance_wrote() {
-        let pool = MemoryPool::new(1, 8 * MIB);
+        let pool = pool(1, 8 * MIB);
         let mut first = memory(&pool, 64 << 10).unwrap();
         first.grow_to(3 * MIB).unwrap();
         let offsets = [
@@ -418,9 +582,43 @@ mod tests {
         }
     }
 
+    /// Which pages of `range` `mincore` reports resident.
+    fn resident_pages(base: *mut u8, range: Range<usize>) -> Vec<bool> {
+        let page = page_size();
+        let mut states = vec![0u8; range.len() / page];
+        // SAFETY: a page-aligned range of a live mapping.
+        let scanned = unsafe {
+            libc::mincore(
+                base.add(range.start).cast(),
+                range.len(),
+                states.as_mut_ptr(),
+            )
+        };
+        assert_eq!(scanned, 0);
+        states.iter().map(|state| state & 1 == 1).collect()
+    }
+
+    #[test]
+    fn a_reset_keeps_resident_only_what_was_resident_within_the_kept_bytes() {
+        let pool = pool(1, 4 * MIB);
+        let page = page_size();
+        let mut first = memory(&pool, 64 << 10).unwrap();
+        first.grow_to(3 * MIB).unwrap();
+        // Two pages written within the kept bytes, one past them; the rest never touched.
+        for offset in [0, 5 * page, KEEP_RESIDENT_BYTES + page] {
+            write(&*first, offset, 1);
+        }
+        let base = first.as_ptr();
+        drop(first);
+        let resident = resident_pages(base, 0..3 * MIB);
+        let expected: Vec<usize> = vec![0, 5];
+        let found: Vec<usize> = (0..resident.len()).filter(|&i| resident[i]).collect();
+        assert_eq!(found, expected, "resident pages after the reset");
+    }
+
     #[test]
     fn a_memory_grows_within_its_region_and_no_further() {
-        let pool = MemoryPool::new(1, 4 * MIB);
+        let pool = pool(1, 4 * MIB);
         let mut memory = memory(&pool, 64 << 10).unwrap();
         memory.grow_to(4 * MIB).unwrap();
         assert_eq!(memory.byte_size(), 4 * MIB);
@@ -429,8 +627,26 @@ mod tests {
     }
 
     #[test]
+    fn memories_together_grow_within_the_budget_and_give_it_back_when_dropped() {
+        let budget = Arc::new(MemoryBudget::new(3 * MIB));
+        let pool = MemoryPool::new(4, 4 * MIB, Arc::clone(&budget));
+        let mut first = memory(&pool, MIB).unwrap();
+        let mut second = memory(&pool, MIB).unwrap();
+        first.grow_to(2 * MIB).unwrap();
+        assert_eq!(budget.committed(), 3 * MIB);
+        assert!(second.grow_to(2 * MIB).is_err(), "past the budget");
+        assert_eq!(second.byte_size(), MIB);
+        assert!(refusal(memory(&pool, 64 << 10)).contains("budget"));
+        drop(first);
+        assert_eq!(budget.committed(), MIB);
+        second.grow_to(3 * MIB).unwrap();
+        drop(second);
+        assert_eq!(budget.committed(), 0);
+    }
+
+    #[test]
     fn the_pool_hands_out_at_most_its_regions_and_refuses_what_it_cannot_honour() {
-        let pool = MemoryPool::new(1, 4 * MIB);
+        let pool = pool(1, 4 * MIB);
         let held = memory(&pool, 64 << 10).unwrap();
         assert!(refusal(memory(&pool, 64 << 10)).contains("in use"));
         drop(held);
@@ -440,16 +656,43 @@ mod tests {
         assert!(refusal(guarded).contains("guard"));
     }
 
-    /// The permissions `/proc/self/maps` gives the mapping that starts at `address`.
-    fn permissions_at(address: usize) -> String {
+    /// The permissions `/proc/self/maps` gives the mapping that starts at `address`, if any.
+    fn permissions_at(address: usize) -> Option<String> {
         let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
-        maps.lines()
-            .find_map(|line| {
-                let (range, rest) = line.split_once(' ')?;
-                let start = usize::from_str_radix(range.split_once('-')?.0, 16).ok()?;
-                (start == address).then(|| rest[..4].to_string())
-            })
-            .unwrap_or_else(|| panic!("no mapping starts at {address:#x}"))
+        maps.lines().find_map(|line| {
+            let (range, rest) = line.split_once(' ')?;
+            let start = usize::from_str_radix(range.split_once('-')?.0, 16).ok()?;
+            (start == address).then(|| rest[..4].to_string())
+        })
+    }
+
+    #[test]
+    fn regions_free_for_a_whole_trim_period_are_unmapped_and_used_ones_kept() {
+        let pool = pool(4, 4 * MIB);
+        let burst: Vec<_> = (0..3).map(|_| memory(&pool, 64 << 10).unwrap()).collect();
+        let bases: Vec<usize> = burst
+            .iter()
+            .map(|memory| memory.as_ptr() as usize)
+            .collect();
+        drop(burst);
+        assert_eq!(pool.mapped(), 3);
+        assert_eq!(pool.trim(), 0, "the burst was within this period");
+        // One instance at a time in the next period: one region is needed, two are not.
+        drop(memory(&pool, 64 << 10).unwrap());
+        assert_eq!(pool.trim(), 2);
+        assert_eq!(pool.mapped(), 1);
+        let unmapped = bases.iter().filter(|&&base| permissions_at(base).is_none());
+        assert_eq!(
+            unmapped.count(),
+            2,
+            "two of the burst's regions left the address space"
+        );
+        assert_eq!(pool.trim(), 1, "idle for a whole period");
+        assert_eq!(pool.mapped(), 0);
+        assert!(
+            memory(&pool, 64 << 10).is_ok(),
+            "a region is mapped again when needed"
+        );
     }
 
     #[test]
@@ -461,8 +704,11 @@ mod tests {
         assert_eq!(range.len(), 256 << 10);
         assert_eq!(stack.top() as usize, range.end);
         assert_eq!(guard.end as usize, range.start);
-        assert_eq!(permissions_at(guard.start as usize), "---p");
-        assert_eq!(permissions_at(range.start), "rw-p");
+        assert_eq!(
+            permissions_at(guard.start as usize).as_deref(),
+            Some("---p")
+        );
+        assert_eq!(permissions_at(range.start).as_deref(), Some("rw-p"));
         assert!(
             pool.new_stack(512 << 10, false).is_err(),
             "over the pool's size"
@@ -470,17 +716,24 @@ mod tests {
     }
 
     #[test]
-    fn a_stack_asked_for_zeroed_comes_back_zeroed() {
+    fn a_stack_reused_by_a_later_fiber_is_zero_even_when_not_asked_for_zeroes() {
         let pool = StackPool::new(1, 64 << 10);
         let stack = pool.new_stack(64 << 10, false).unwrap();
-        let last = stack.range().end - 1;
-        // SAFETY: the stack's top byte, used by no fiber.
-        unsafe { (last as *mut u8).write_volatile(7) };
+        let range = stack.range();
+        for address in [range.start, range.start + (30 << 10), range.end - 1] {
+            // SAFETY: inside the stack, used by no fiber.
+            unsafe { (address as *mut u8).write_volatile(7) };
+        }
         drop(stack);
-        let reused = pool.new_stack(64 << 10, true).unwrap();
-        assert_eq!(reused.range().end - 1, last, "the one stack is reused");
-        // SAFETY: as above.
-        assert_eq!(unsafe { (last as *const u8).read_volatile() }, 0);
+        let reused = pool.new_stack(64 << 10, false).unwrap();
+        assert_eq!(reused.range(), range, "the one stack is reused");
+        let bytes =
+            // SAFETY: the stack's whole usable range, read/write and used by no fiber.
+            unsafe { std::slice::from_raw_parts(range.start as *const u8, range.len()) };
+        assert!(
+            bytes.iter().all(|&byte| byte == 0),
+            "the last fiber's bytes are gone"
+        );
         assert!(
             pool.new_stack(64 << 10, false).is_err(),
             "one stack, in use"

@@ -10,8 +10,8 @@ use wasmtime::component::Linker;
 use wasmtime::{Engine, InstanceAllocationStrategy};
 
 use super::Guest;
-use super::pool::{MemoryPool, StackPool};
-use super::slots::InstanceSlots;
+use super::capacity::GuestCapacity;
+use super::pool::POOL_TRIM_PERIOD;
 use crate::bindings::ServicePre;
 use crate::cache::{CacheOutcome, ComponentCache};
 use crate::error::Error;
@@ -23,9 +23,10 @@ pub struct Runtime {
     linker: Linker<RequestState>,
     cache: ComponentCache,
     limits: GuestLimits,
-    /// The instance slots, shared by every guest this runtime loads.
-    slots: InstanceSlots,
-    /// Advances the engine's epoch, which drives deadlines and yields; stops when dropped.
+    /// The pools, memory budget and instance slots, shared by every guest this runtime loads.
+    capacity: Arc<GuestCapacity>,
+    /// Advances the engine's epoch, which drives deadlines and yields, and trims the pools;
+    /// stops when dropped.
     _ticker: EpochTicker,
 }
 
@@ -36,12 +37,15 @@ pub struct GuestLimits {
     pub request_timeout: Duration,
     /// Linear memory one instance may grow to.
     pub memory_bytes: usize,
+    /// Linear memory all instances together may grow to; past it a `memory.grow` fails and an
+    /// instance that cannot start is answered 503.
+    pub memory_budget_bytes: usize,
     /// Instances working towards their response head at once (a reload's health probe counts
     /// as one).
     pub max_instances: u32,
     /// Instances beyond those that have sent their head and stream the rest of the body, so
     /// clients that read slowly do not hold the slots new requests need. The memory and stack
-    /// pools hold enough for `max_instances + max_streaming` instances, plus one spare.
+    /// pools hold enough for every slot ([`GuestCapacity`]).
     pub max_streaming: u32,
 }
 
@@ -50,26 +54,16 @@ pub struct GuestLimits {
 pub const EPOCH_TICK: Duration = Duration::from_millis(2);
 
 /// Each instance's async stack: the host calls it makes run on it too (wasmtime's default).
-const GUEST_STACK_BYTES: usize = 2 << 20;
-
 /// How long a request waits for a free instance slot before it is answered 503.
 pub const SLOT_WAIT: Duration = Duration::from_secs(1);
-
-/// Upper bounds per component (per store, by its limiter): a Rust `wasm32-wasip2`
-/// component has one memory, a few tables and a handful of core instances (its module and the
-/// canonical-ABI shims); these leave room for other toolchains' guests.
-pub(super) const CORE_INSTANCES_PER_COMPONENT: u32 = 32;
-pub(super) const MEMORIES_PER_COMPONENT: u32 = 2;
-pub(super) const TABLES_PER_COMPONENT: u32 = 8;
-/// Elements one table may hold (the bound wasmtime's pooling allocator sets by default).
-pub(super) const TABLE_ELEMENTS: usize = 20_000;
 
 impl Runtime {
     /// An engine and a linker with full WASI p2 (a Rust `std` guest imports `wasi:cli` and
     /// friends beyond the proxy world), `wasi:http`, and the service's `users` and `telemetry`.
     /// Compiled components are cached in `cache`; every instance lives within `limits`.
     pub fn new(cache: ComponentCache, limits: GuestLimits) -> Result<Runtime, Error> {
-        let engine = Engine::new(&engine_config(&limits)).map_err(Error::Runtime)?;
+        let capacity = Arc::new(GuestCapacity::new(limits));
+        let engine = Engine::new(&engine_config(&capacity)).map_err(Error::Runtime)?;
         let mut linker = Linker::new(&engine);
         let link = |linker: &mut Linker<RequestState>| -> wasmtime::Result<()> {
             wasmtime_wasi::p2::add_to_linker_async(linker)?;
@@ -79,14 +73,13 @@ impl Runtime {
             Ok(())
         };
         link(&mut linker).map_err(Error::Runtime)?;
-        let _ticker = EpochTicker::start(engine.clone());
-        let slots = InstanceSlots::new(limits.max_instances, limits.max_streaming);
+        let _ticker = EpochTicker::start(engine.clone(), Arc::clone(&capacity));
         Ok(Runtime {
             engine,
             linker,
             cache,
             limits,
-            slots,
+            capacity,
             _ticker,
         })
     }
@@ -95,6 +88,10 @@ impl Runtime {
     /// `path`. Blocking: compiling takes tens to hundreds of milliseconds.
     pub fn load(&self, path: &Path) -> Result<(Guest, CacheOutcome), Error> {
         let bytes = std::fs::read(path).map_err(|source| Error::GuestUnreadable {
+            path: path.to_owned(),
+            source,
+        })?;
+        super::admission::check(&bytes).map_err(|source| Error::GuestRefused {
             path: path.to_owned(),
             source,
         })?;
@@ -111,49 +108,50 @@ impl Runtime {
         let guest = Guest {
             pre,
             limits: self.limits,
-            slots: self.slots.clone(),
+            capacity: Arc::clone(&self.capacity),
             route_templates: Arc::default(),
         };
         Ok((guest, outcome))
     }
 }
 
-/// Epoch interruption (deadlines and yields), and memories and stacks from pools sized by
-/// `limits`, reused from instance to instance without changing page protections (see
-/// [`super::pool`]).
-fn engine_config(limits: &GuestLimits) -> wasmtime::Config {
-    let slots = (limits.max_instances + limits.max_streaming + 1) as usize;
-    let memories = Arc::new(MemoryPool::new(
-        slots * MEMORIES_PER_COMPONENT as usize,
-        limits.memory_bytes,
-    ));
-    // A store runs its instantiation and its call on one fiber at a time; two per slot leave
-    // room for wasmtime keeping one stack while it starts the next.
-    let stacks = Arc::new(StackPool::new(slots * 2, GUEST_STACK_BYTES));
+/// Epoch interruption (deadlines and yields), and memories and stacks from `capacity`'s pools,
+/// reused from instance to instance without changing page protections (see [`super::pool`]).
+fn engine_config(capacity: &GuestCapacity) -> wasmtime::Config {
     let mut config = wasmtime::Config::new();
     config
         .epoch_interruption(true)
         .allocation_strategy(InstanceAllocationStrategy::OnDemand);
-    super::pool::configure(&mut config, memories, stacks);
+    super::pool::configure(
+        &mut config,
+        Arc::clone(&capacity.memories),
+        Arc::clone(&capacity.stacks),
+    );
     config
 }
 
-/// A thread that advances an engine's epoch every [`EPOCH_TICK`] until dropped.
+/// A thread that advances an engine's epoch every [`EPOCH_TICK`], and trims the pools every
+/// [`POOL_TRIM_PERIOD`], until dropped.
 struct EpochTicker {
     stop: Arc<AtomicBool>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
 impl EpochTicker {
-    fn start(engine: Engine) -> EpochTicker {
+    fn start(engine: Engine, capacity: Arc<GuestCapacity>) -> EpochTicker {
         let stop = Arc::new(AtomicBool::new(false));
         let stopped = Arc::clone(&stop);
         let thread = std::thread::Builder::new()
             .name("epoch-ticker".into())
             .spawn(move || {
+                let mut last_trim = std::time::Instant::now();
                 while !stopped.load(Ordering::Relaxed) {
                     std::thread::sleep(EPOCH_TICK);
                     engine.increment_epoch();
+                    if last_trim.elapsed() >= POOL_TRIM_PERIOD {
+                        capacity.trim();
+                        last_trim = std::time::Instant::now();
+                    }
                 }
             })
             .expect("spawning the epoch ticker thread");

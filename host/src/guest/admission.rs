@@ -1,0 +1,116 @@
+//! What a component must be before the host links it: checks on its binary that wasmtime's own
+//! validation does not make.
+
+use wasmparser::{CanonicalFunction, CanonicalOption, Parser, Payload};
+
+/// Why a component is refused before it is linked.
+#[derive(Debug, thiserror::Error)]
+pub enum Refusal {
+    /// A canonical function passes strings to the host in UTF-16 or latin1+UTF-16. wasmtime
+    /// would transcode each such string into a new host `String` before the host's length
+    /// checks see it: a 64-byte id could cost up to twice the guest's memory per call. With
+    /// UTF-8 the host reads a string where it lies, and only when its quota allows.
+    #[error(
+        "it passes strings to the host as {encoding} (canonical function {index}); this host \
+         accepts only UTF-8 strings from a guest"
+    )]
+    StringEncoding {
+        /// `UTF-16` or `latin1+UTF-16`.
+        encoding: &'static str,
+        /// The index of the offending canonical function, in the order they are declared.
+        index: usize,
+    },
+}
+
+/// Checks `bytes`, a component's binary, against the host's rules: every function through which
+/// the guest hands values to the host (a lowered import, and the component model's async
+/// built-ins) uses UTF-8 strings. Lifted exports may use any encoding: there the host writes
+/// into the guest's memory, not the other way round. Bytes that do not parse pass: wasmtime's
+/// validation, which comes next, says what is wrong with them.
+pub fn check(bytes: &[u8]) -> Result<(), Refusal> {
+    let mut index = 0;
+    for payload in Parser::new(0).parse_all(bytes) {
+        let Ok(Payload::ComponentCanonicalSection(section)) = payload else {
+            continue;
+        };
+        for function in section {
+            let Ok(function) = function else {
+                break;
+            };
+            if let Some(encoding) = host_bound_encoding(&function) {
+                return Err(Refusal::StringEncoding { encoding, index });
+            }
+            index += 1;
+        }
+    }
+    Ok(())
+}
+
+/// The non-UTF-8 string encoding of a function that hands the host values, if it has one.
+fn host_bound_encoding(function: &CanonicalFunction) -> Option<&'static str> {
+    let options = match function {
+        CanonicalFunction::Lift { .. } => return None,
+        CanonicalFunction::Lower { options, .. }
+        | CanonicalFunction::TaskReturn { options, .. }
+        | CanonicalFunction::StreamRead { options, .. }
+        | CanonicalFunction::StreamWrite { options, .. }
+        | CanonicalFunction::FutureRead { options, .. }
+        | CanonicalFunction::FutureWrite { options, .. }
+        | CanonicalFunction::ErrorContextNew { options, .. }
+        | CanonicalFunction::ErrorContextDebugMessage { options, .. } => options,
+        _ => return None,
+    };
+    options.iter().find_map(|option| match option {
+        CanonicalOption::UTF16 => Some("UTF-16"),
+        CanonicalOption::CompactUTF16 => Some("latin1+UTF-16"),
+        _ => None,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A component that imports the host's `users.get` and lowers it with `encoding`.
+    fn component_lowering_get_with(encoding: &str) -> Vec<u8> {
+        wat::parse_str(format!(
+            r#"(component
+                (import "tutorial:service/users@0.2.1" (instance $users
+                    (export "get" (func (param "id" string) (result (option string))))))
+                (alias export $users "get" (func $get))
+                (core module $libc
+                    (memory (export "memory") 1)
+                    (func (export "realloc") (param i32 i32 i32 i32) (result i32) unreachable))
+                (core instance $libc (instantiate $libc))
+                (core func (canon lower (func $get) {encoding}
+                    (memory $libc "memory") (realloc (func $libc "realloc")))))"#
+        ))
+        .expect("the test component parses")
+    }
+
+    #[test]
+    fn a_component_that_passes_utf16_strings_to_the_host_is_refused() {
+        for (option, named) in [
+            ("string-encoding=utf16", "UTF-16"),
+            ("string-encoding=latin1+utf16", "latin1+UTF-16"),
+        ] {
+            let refusal = check(&component_lowering_get_with(option)).unwrap_err();
+            assert!(
+                matches!(refusal, Refusal::StringEncoding { encoding, .. } if encoding == named),
+                "{refusal}"
+            );
+            assert!(refusal.to_string().contains("only UTF-8"), "{refusal}");
+        }
+    }
+
+    #[test]
+    fn a_component_that_passes_utf8_strings_is_accepted() {
+        check(&component_lowering_get_with("string-encoding=utf8")).unwrap();
+        check(&component_lowering_get_with("")).unwrap();
+    }
+
+    #[test]
+    fn bytes_that_are_not_a_component_are_left_to_wasmtime_to_refuse() {
+        check(b"\0asm\x0d\0\x01\0garbage").unwrap();
+    }
+}

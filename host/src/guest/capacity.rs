@@ -1,0 +1,230 @@
+//! How many guest instances may live at once and what each may hold: the one place that sizes
+//! the memory and stack pools, the stores' limits and the slot budgets from the flags.
+//!
+//! The rule it keeps: whoever holds an instance slot always finds a memory region and a stack
+//! in the pools. Every live instance holds a slot ([`super::slots`]), a store gives its regions
+//! and stacks back before its slot ([`super::Guest::handle`]), and the pools hold enough for
+//! every slot ([`GuestCapacity::regions`], [`GuestCapacity::stacks`]). So a request beyond the
+//! slots waits for one, then gets 503; it never finds the pools empty (a 500).
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use wasmtime::{ResourceLimiter, StoreLimits, StoreLimitsBuilder};
+
+use super::pool::{MemoryBudget, MemoryPool, StackPool};
+use super::runtime::GuestLimits;
+use super::slots::InstanceSlots;
+
+/// Upper bounds per component (per store, by its limiter): a Rust `wasm32-wasip2`
+/// component has one memory, a few tables and a handful of core instances (its module and the
+/// canonical-ABI shims); these leave room for other toolchains' guests.
+const CORE_INSTANCES_PER_COMPONENT: usize = 32;
+/// See [`CORE_INSTANCES_PER_COMPONENT`]: the pools hold this many regions per slot.
+const MEMORIES_PER_COMPONENT: usize = 2;
+/// See [`CORE_INSTANCES_PER_COMPONENT`].
+const TABLES_PER_COMPONENT: usize = 8;
+/// Elements one table may hold (the bound wasmtime's pooling allocator sets by default).
+const TABLE_ELEMENTS: usize = 20_000;
+/// Async stacks per slot: a store runs its instantiation and its call on one fiber at a time;
+/// two leave room for wasmtime keeping one stack while it starts the next.
+const STACKS_PER_INSTANCE: usize = 2;
+/// Each instance's async stack: the host calls it makes run on it too (wasmtime's default).
+pub const GUEST_STACK_BYTES: usize = 2 << 20;
+
+/// The pools, budget and slots sized for one set of [`GuestLimits`].
+pub struct GuestCapacity {
+    limits: GuestLimits,
+    /// Linear memories of every instance, within [`GuestLimits::memory_budget_bytes`].
+    pub memories: Arc<MemoryPool>,
+    /// Async stacks of every instance.
+    pub stacks: Arc<StackPool>,
+    /// The linear memory all instances together may grow to.
+    pub budget: Arc<MemoryBudget>,
+    /// The running and streaming instance slots.
+    pub(super) slots: InstanceSlots,
+}
+
+impl GuestCapacity {
+    /// Pools and slots for `limits`.
+    pub fn new(limits: GuestLimits) -> GuestCapacity {
+        let budget = Arc::new(MemoryBudget::new(limits.memory_budget_bytes));
+        GuestCapacity {
+            memories: Arc::new(MemoryPool::new(
+                Self::regions(&limits),
+                limits.memory_bytes,
+                Arc::clone(&budget),
+            )),
+            stacks: Arc::new(StackPool::new(Self::stacks(&limits), GUEST_STACK_BYTES)),
+            budget,
+            slots: InstanceSlots::new(limits.max_instances, limits.max_streaming),
+            limits,
+        }
+    }
+
+    /// Instances that may live at once: every running and streaming slot, plus one spare so
+    /// that a store still being torn down never makes a newly permitted one wait.
+    pub fn instances(limits: &GuestLimits) -> usize {
+        limits.max_instances as usize + limits.max_streaming as usize + 1
+    }
+
+    /// Memory regions the pool may map: enough for every instance's every memory.
+    pub fn regions(limits: &GuestLimits) -> usize {
+        Self::instances(limits) * MEMORIES_PER_COMPONENT
+    }
+
+    /// Stacks the pool may map: enough for every instance's fibers.
+    pub fn stacks(limits: &GuestLimits) -> usize {
+        Self::instances(limits) * STACKS_PER_INSTANCE
+    }
+
+    /// The limiter of one instance's store: its own bounds, and the host-wide budget, whose
+    /// refusals it reports in `over_budget`.
+    pub fn limiter(&self, over_budget: Arc<AtomicBool>) -> InstanceLimiter {
+        InstanceLimiter {
+            own: StoreLimitsBuilder::new()
+                .memory_size(self.limits.memory_bytes)
+                .memories(MEMORIES_PER_COMPONENT)
+                .tables(TABLES_PER_COMPONENT)
+                .table_elements(TABLE_ELEMENTS)
+                .instances(CORE_INSTANCES_PER_COMPONENT)
+                .build(),
+            budget: Some(Arc::clone(&self.budget)),
+            over_budget,
+        }
+    }
+
+    /// Gives back the regions and stacks no instance needed since the last trim.
+    pub fn trim(&self) {
+        self.memories.trim();
+        self.stacks.trim();
+    }
+}
+
+/// What one instance's store may hold: its own memory, tables and instances, and no more
+/// linear memory than the host-wide budget has left.
+#[derive(Default)]
+pub struct InstanceLimiter {
+    own: StoreLimits,
+    budget: Option<Arc<MemoryBudget>>,
+    /// Set when the budget, not the instance's own limit, refused memory: the request is then
+    /// answered 503 (the host is busy), not 500.
+    over_budget: Arc<AtomicBool>,
+}
+
+impl ResourceLimiter for InstanceLimiter {
+    fn memory_growing(
+        &mut self,
+        current: usize,
+        desired: usize,
+        maximum: Option<usize>,
+    ) -> wasmtime::Result<bool> {
+        if !self.own.memory_growing(current, desired, maximum)? {
+            return Ok(false);
+        }
+        let more = desired.saturating_sub(current);
+        if let Some(budget) = &self.budget
+            && !budget.has_room_for(more)
+        {
+            self.over_budget.store(true, Ordering::Release);
+            return Ok(false);
+        }
+        Ok(true)
+    }
+
+    fn memory_grow_failed(&mut self, error: wasmtime::Error) -> wasmtime::Result<()> {
+        self.own.memory_grow_failed(error)
+    }
+
+    fn table_growing(
+        &mut self,
+        current: usize,
+        desired: usize,
+        maximum: Option<usize>,
+    ) -> wasmtime::Result<bool> {
+        self.own.table_growing(current, desired, maximum)
+    }
+
+    fn table_grow_failed(&mut self, error: wasmtime::Error) -> wasmtime::Result<()> {
+        self.own.table_grow_failed(error)
+    }
+
+    fn instances(&self) -> usize {
+        self.own.instances()
+    }
+
+    fn tables(&self) -> usize {
+        self.own.tables()
+    }
+
+    fn memories(&self) -> usize {
+        self.own.memories()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use wasmtime::{LinearMemory, MemoryCreator, MemoryType, StackCreator};
+
+    use super::*;
+
+    fn limits(max_instances: u32, max_streaming: u32) -> GuestLimits {
+        GuestLimits {
+            request_timeout: Duration::from_secs(1),
+            memory_bytes: 1 << 20,
+            memory_budget_bytes: usize::MAX,
+            max_instances,
+            max_streaming,
+        }
+    }
+
+    #[test]
+    fn every_instance_slot_held_at_once_still_finds_its_regions_and_stacks() {
+        let limits = limits(3, 2);
+        let capacity = GuestCapacity::new(limits);
+        let instances = GuestCapacity::instances(&limits);
+        assert!(instances > (limits.max_instances + limits.max_streaming) as usize);
+        let mut held: Vec<Box<dyn LinearMemory>> = Vec::new();
+        let mut stacks = Vec::new();
+        for _ in 0..instances {
+            for _ in 0..MEMORIES_PER_COMPONENT {
+                let memory = capacity
+                    .memories
+                    .new_memory(MemoryType::new(1, None), 65536, None, Some(0), 0)
+                    .expect("a region for every memory of every slot");
+                held.push(memory);
+            }
+            for _ in 0..STACKS_PER_INSTANCE {
+                stacks.push(capacity.stacks.new_stack(GUEST_STACK_BYTES, false).unwrap());
+            }
+        }
+        assert_eq!(capacity.memories.mapped(), GuestCapacity::regions(&limits));
+        assert_eq!(capacity.stacks.mapped(), GuestCapacity::stacks(&limits));
+    }
+
+    #[test]
+    fn the_budget_not_the_instances_own_limit_is_reported_as_over_budget() {
+        let mut limits = limits(1, 0);
+        limits.memory_budget_bytes = 2 << 20;
+        let capacity = GuestCapacity::new(limits);
+        let over_budget = Arc::new(AtomicBool::new(false));
+        let mut limiter = capacity.limiter(Arc::clone(&over_budget));
+        assert!(
+            !limiter.memory_growing(0, 2 << 20, None).unwrap(),
+            "own limit"
+        );
+        assert!(!over_budget.load(Ordering::Acquire));
+        let _hold = capacity
+            .memories
+            .new_memory(MemoryType::new(1, None), 1 << 20, None, Some(0), 0)
+            .unwrap();
+        let _other = capacity
+            .memories
+            .new_memory(MemoryType::new(1, None), 1 << 20, None, Some(0), 0)
+            .unwrap();
+        assert!(!limiter.memory_growing(0, 65536, None).unwrap(), "budget");
+        assert!(over_budget.load(Ordering::Acquire));
+    }
+}
