@@ -85,6 +85,7 @@ const CONFIG_VARS: &[&str] = &[
     "STORE_CACHE_MB",
     "BODY_TIMEOUT_MS",
     "MAX_CONNECTIONS",
+    "GUEST_MEMORY_BUDGET_MB",
     "MAX_USERS",
     "MAX_INSTANCES",
     "MAX_STREAMING",
@@ -194,7 +195,42 @@ impl Host {
         Host::spawn(guest, 0, &all)
     }
 
+    /// The host serving `guest`, with extra environment variables, in the cgroup whose process
+    /// list is `cgroup_procs` from its first instruction on (so all its memory is charged there).
+    pub fn start_in_cgroup(guest: &Path, env: &[(&str, &str)], cgroup_procs: &Path) -> Host {
+        use std::os::unix::ffi::OsStrExt;
+        use std::os::unix::process::CommandExt;
+        let procs = std::ffi::CString::new(cgroup_procs.as_os_str().as_bytes()).unwrap();
+        Host::spawn_with(guest, 0, env, move |command| {
+            // SAFETY: between fork and exec only async-signal-safe calls, no allocation.
+            unsafe {
+                command.pre_exec(move || {
+                    let fd = libc::open(procs.as_ptr(), libc::O_WRONLY);
+                    if fd < 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    // "0" names the writing process itself.
+                    let written = libc::write(fd, b"0".as_ptr().cast(), 1);
+                    libc::close(fd);
+                    if written != 1 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    Ok(())
+                });
+            }
+        })
+    }
+
     fn spawn(guest: &Path, port: u16, env: &[(&str, &str)]) -> Host {
+        Host::spawn_with(guest, port, env, |_| {})
+    }
+
+    fn spawn_with(
+        guest: &Path,
+        port: u16,
+        env: &[(&str, &str)],
+        prepare: impl FnOnce(&mut Command),
+    ) -> Host {
         let mut command = Command::new(env!("CARGO_BIN_EXE_host"));
         for var in CONFIG_VARS {
             command.env_remove(var);
@@ -217,6 +253,7 @@ impl Host {
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit());
+        prepare(&mut command);
         let mut child = command.spawn().expect("the host binary starts");
 
         // Read stdout on a thread for the whole run: a full pipe would block the host's logging.
