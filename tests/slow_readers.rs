@@ -11,8 +11,10 @@ use support::{Host, Store, client};
 
 /// 300 clients ask for a list of 40,000 users and never read it (the attack that once took every
 /// slot). Each holds a streaming slot, not one of the slots new requests need, so `GET /api/health`
-/// stays 200 and fast the whole time (the readers' instances are dropped at the deadline), and
-/// the host's memory grows by a bounded amount.
+/// stays 200 and is served (not kept waiting for a slot or a timeout) the whole time (the
+/// readers' instances are dropped at the deadline), and the host's memory grows by a bounded
+/// amount. How fast health stays is measured by `make bench`, not here: a timed assertion on a
+/// busy CI machine is a flaky test.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hundreds_of_slow_readers_leave_health_fast_and_memory_bounded() {
     const SLOW_READERS: usize = 300;
@@ -52,7 +54,8 @@ async fn hundreds_of_slow_readers_leave_health_fast_and_memory_bounded() {
         idle >> 20,
         peak >> 20
     );
-    assert!(slowest < Duration::from_millis(100), "{slowest:?}");
+    // Served, not queued behind a slot's 1 s wait or a 10 s deadline.
+    assert!(slowest < Duration::from_secs(1), "{slowest:?}");
     assert!(
         peak < idle + (512 << 20),
         "resident memory {} MiB, {} MiB idle",

@@ -5,9 +5,11 @@
 //! refuses newcomers lets a few hundred clients that never finish their request (half a head,
 //! or a head announcing a body that never comes) lock everyone else out until they time out.
 //! So, as a proxy's overload manager does, a full table sheds a connection that is costing a
-//! place without doing work: one waiting for a request head (new, or idle between requests),
-//! the longest-waiting first; failing that, one whose request body is still arriving, the
-//! oldest first. A connection whose request is being answered is never shed. Only when every
+//! place without doing work: one waiting for a request head (new, or idle between requests) or
+//! for the rest of its request body, whichever has waited longest. Under a flood every
+//! newcomer displaces the stalest, so the time a slow connection may keep its place shrinks
+//! with the pressure, while a client that sends its request at once is served long before its
+//! turn would come. A connection whose request is being answered is never shed; only when every
 //! connection is being answered is a newcomer refused (503).
 
 use std::collections::HashMap;
@@ -74,7 +76,7 @@ impl ConnectionTable {
                 .entries
                 .iter()
                 .filter(|(_, entry)| entry.phase != Phase::Answering)
-                .min_by_key(|(_, entry)| (entry.phase == Phase::ReadingBody, entry.since))
+                .min_by_key(|(_, entry)| entry.since)
                 .map(|(id, _)| *id)?;
             if let Some(entry) = state.entries.remove(&victim) {
                 entry.shed.notify_one();
@@ -229,21 +231,25 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_full_table_sheds_the_longest_waiting_head_first_then_a_body() {
+    fn a_full_table_sheds_whichever_connection_has_waited_longest_for_its_head_or_body() {
         let table = ConnectionTable::new(3);
-        let body = table.admit().unwrap();
-        body.enter(Phase::ReadingBody);
-        let head = table.admit().unwrap();
         let answering = table.admit().unwrap();
         answering.enter(Phase::Answering);
+        let head = table.admit().unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(2));
+        let body = table.admit().unwrap();
+        body.enter(Phase::ReadingBody);
         assert_eq!(table.len(), 3);
 
-        let newcomer = table.admit().expect("a head-waiting connection gives way");
+        let newcomer = table.admit().expect("a waiting connection gives way");
         assert_eq!(table.len(), 3);
-        let shed = futures_ready(head.shed());
-        assert!(shed, "the head-waiting connection was told");
+        assert!(
+            futures_ready(head.shed()),
+            "the one waiting longest was told"
+        );
+        assert!(!futures_ready(body.shed()));
         newcomer.enter(Phase::Answering);
-        let _second = table.admit().expect("then the one reading its body");
+        let _second = table.admit().expect("then the one waiting for its body");
         assert!(futures_ready(body.shed()));
         assert!(!futures_ready(answering.shed()), "never one being answered");
     }
