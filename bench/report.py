@@ -51,6 +51,9 @@ per_request = {
     name: criterion_ns("instantiate_and_handle", name) for name in ("real-guest", "minimal-guest")
 }
 mixed = read("health-under-compute")
+health_idle = read("health-idle")
+health_slow_readers = read("health-slow-readers")
+health_flood = read("health-connection-flood")
 memory = read("memory")
 start = read("start")
 pgbench = read("pgbench-select-simple")
@@ -87,6 +90,14 @@ rows = [
      fib["bare_no_epochs_ratio"] if fib else None, "", None, "{:.2f}"),
     ("GET /api/health p99 while two clients run n=32 computes (ms)",
      mixed["p99_us"] / 1000 if mixed else None, "<= 10", lambda v: v <= 10, "{:.2f}"),
+    ("GET /api/health p99 while 300 clients never read a list of 1,000 users (ms)",
+     health_slow_readers["p99_us"] / 1000 if health_slow_readers else None, "<= 100",
+     lambda v: v <= 100, "{:.2f}"),
+    ("GET /api/health p99 while 1,000 half heads and 1,000 half bodies stay open (ms)",
+     health_flood["p99_us"] / 1000 if health_flood else None, "<= 100", lambda v: v <= 100,
+     "{:.2f}"),
+    ("reference: GET /api/health p99 from the same 4 clients, nothing else connected (ms)",
+     health_idle["p99_us"] / 1000 if health_idle else None, "", None, "{:.2f}"),
     ("host resident memory at 256 connections (MB)",
      memory["rss_late_kb"] / 1024 if memory else None, "<= 150", lambda v: v <= 150, "{:.1f}"),
     ("resident memory growth over the run (%)",

@@ -58,7 +58,7 @@ require_free() {
     echo "port $1 is in use: stop what listens there and run again" >&2; exit 1
   fi
 }
-for port in 18081 18082 18083 18084 18085 18086 18087 18088 18089 18091 18092 18093 18094 $PG_PORT; do require_free "$port"; done
+for port in 18081 18082 18083 18084 18085 18086 18087 18088 18089 18091 18092 18093 18094 18095 $PG_PORT; do require_free "$port"; done
 
 # Waits until $1 answers /api/health.
 wait_ready() {
@@ -182,6 +182,20 @@ wrk -t1 -c4 -d"${SECONDS_PER_RUN}s" --latency -s bench/wrk-report.lua http://127
   | grep '^{' > "$RESULTS/health-under-compute.json"
 wait $CPU1 $CPU2
 echo "  health-under-compute: $(cat "$RESULTS/health-under-compute.json")"
+
+echo "== GET /api/health latency (wrk, 4 connections) while slow clients hold hundreds more"
+start_host 18095 "$WASM/guest.wasm"
+python3 bench/seed_users.py http://127.0.0.1:18095 1000 > /dev/null
+health_latency() { # name
+  wrk -t1 -c4 -d"${SECONDS_PER_RUN}s" --latency -s bench/wrk-report.lua http://127.0.0.1:18095/api/health \
+    | grep '^{' > "$RESULTS/$1.json"
+  echo "  $1: $(cat "$RESULTS/$1.json")"
+}
+health_latency health-idle
+python3 bench/slow_clients.py 127.0.0.1 18095 readers 300 "$((SECONDS_PER_RUN + 3))" & SLOW=$!
+sleep 2; health_latency health-slow-readers; wait $SLOW
+python3 bench/slow_clients.py 127.0.0.1 18095 flood 1000 "$((SECONDS_PER_RUN + 3))" & SLOW=$!
+sleep 2; health_latency health-connection-flood; wait $SLOW
 
 echo "== one instantiate + handle (criterion), and fib(30) in the guest vs native (interleaved rounds)"
 cargo bench -p host --bench per_request -- --noplot --warm-up-time 1 --measurement-time 3 \
