@@ -38,6 +38,7 @@ impl InProcess {
             ClientLimits {
                 max_body_bytes: 1 << 20,
                 body_timeout: Duration::from_secs(10),
+                body_buffer_bytes: 64 << 20,
                 max_connections: 64,
             },
         ));

@@ -242,9 +242,10 @@ impl Config {
         crate::server::ClientLimits {
             max_body_bytes: self.max_body_bytes,
             body_timeout: Duration::from_millis(self.body_timeout_ms),
+            body_buffer_bytes: (machine_memory() / 8).max(64 << 20),
             max_connections: self
                 .max_connections
-                .unwrap_or_else(crate::connections::default_cap),
+                .unwrap_or_else(|| crate::connections::default_cap(machine_memory())),
         }
     }
 
@@ -373,8 +374,14 @@ fn store_setting(text: &str) -> Result<StoreSetting, std::convert::Infallible> {
 }
 
 /// `target/guest-cache` under the workspace root this host was built in.
-/// Half the machine's physical memory: guests may use much of it, and never all of it.
+/// Half the memory this process may use: guests may use much of it, and never all of it.
 fn default_memory_budget() -> usize {
+    machine_memory() / 2
+}
+
+/// The memory this process may use: the machine's physical memory, or less where a memory
+/// cgroup (a container's limit) says so.
+pub fn machine_memory() -> usize {
     // SAFETY: sysconf has no preconditions.
     let (pages, page) = unsafe {
         (
@@ -382,10 +389,29 @@ fn default_memory_budget() -> usize {
             libc::sysconf(libc::_SC_PAGESIZE),
         )
     };
-    match (usize::try_from(pages), usize::try_from(page)) {
-        (Ok(pages), Ok(page)) if pages > 0 => pages.saturating_mul(page) / 2,
+    let physical = match (usize::try_from(pages), usize::try_from(page)) {
+        (Ok(pages), Ok(page)) if pages > 0 => pages.saturating_mul(page),
         _ => usize::MAX,
-    }
+    };
+    physical.min(cgroup_memory_limit().unwrap_or(usize::MAX))
+}
+
+/// The memory limit of this process's cgroup, v2 (`memory.max`) or v1
+/// (`memory.limit_in_bytes`), if it has one.
+fn cgroup_memory_limit() -> Option<usize> {
+    let membership = std::fs::read_to_string("/proc/self/cgroup").ok()?;
+    membership.lines().find_map(|line| {
+        let mut fields = line.splitn(3, ':');
+        let (_, controllers, path) = (fields.next()?, fields.next()?, fields.next()?);
+        let file = if controllers.is_empty() {
+            format!("/sys/fs/cgroup{path}/memory.max")
+        } else if controllers.split(',').any(|name| name == "memory") {
+            format!("/sys/fs/cgroup/memory{path}/memory.limit_in_bytes")
+        } else {
+            return None;
+        };
+        std::fs::read_to_string(file).ok()?.trim().parse().ok()
+    })
 }
 
 fn default_cache_dir() -> PathBuf {

@@ -194,11 +194,16 @@ impl<B: Body + Unpin> Body for AwaitNextHead<B> {
 }
 
 /// The default connection cap: the process's open-file limit, raised to its hard limit first,
-/// less [`RESERVED_FILE_DESCRIPTORS`]; at least [`MIN_DEFAULT_CONNECTIONS`].
-pub fn default_cap() -> usize {
-    let limit = raise_open_file_limit();
-    usize::try_from(limit.saturating_sub(RESERVED_FILE_DESCRIPTORS))
-        .unwrap_or(usize::MAX)
+/// less [`RESERVED_FILE_DESCRIPTORS`], and no more connections than a quarter of `memory` holds
+/// at [`crate::server::MAX_HEADER_BYTES`] each (what a connection may buffer of a request head);
+/// at least [`MIN_DEFAULT_CONNECTIONS`].
+pub fn default_cap(memory: usize) -> usize {
+    let by_descriptors =
+        usize::try_from(raise_open_file_limit().saturating_sub(RESERVED_FILE_DESCRIPTORS))
+            .unwrap_or(usize::MAX);
+    let by_memory = memory / 4 / crate::server::MAX_HEADER_BYTES;
+    by_descriptors
+        .min(by_memory)
         .clamp(MIN_DEFAULT_CONNECTIONS, 1_000_000)
 }
 
@@ -278,8 +283,9 @@ mod tests {
     }
 
     #[test]
-    fn the_default_cap_leaves_descriptors_for_the_rest_of_the_host() {
-        let cap = default_cap() as u64;
+    fn the_default_cap_is_the_raised_open_file_limit_less_the_reserve_within_memory() {
+        let roomy = 1 << 40;
+        let cap = default_cap(roomy) as u64;
         let mut limit = libc::rlimit {
             rlim_cur: 0,
             rlim_max: 0,
@@ -289,8 +295,14 @@ mod tests {
             unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) },
             0
         );
-        assert!(cap + RESERVED_FILE_DESCRIPTORS <= limit.rlim_cur.max(cap + 256));
-        assert!(cap >= MIN_DEFAULT_CONNECTIONS as u64);
+        assert_eq!(limit.rlim_cur, limit.rlim_max, "raised to the hard limit");
+        let expected = limit
+            .rlim_cur
+            .saturating_sub(RESERVED_FILE_DESCRIPTORS)
+            .clamp(MIN_DEFAULT_CONNECTIONS as u64, 1_000_000);
+        assert_eq!(cap, expected);
+        // A quarter of 1 GiB holds 4,096 heads of 64 KiB.
+        assert_eq!(default_cap(1 << 30) as u64, expected.min(4_096));
     }
 
     /// Whether `future` completes at its first poll.

@@ -182,6 +182,7 @@ mod tests {
             ClientLimits {
                 max_body_bytes: 1024,
                 body_timeout: Duration::from_secs(1),
+                body_buffer_bytes: 1 << 20,
                 max_connections: 8,
             },
         ));

@@ -8,13 +8,13 @@
 
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::task::{Context, Poll};
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use http::{HeaderMap, header};
 use http_body::{Body, Frame, SizeHint};
-use http_body_util::{BodyExt, LengthLimitError, Limited};
+use http_body_util::BodyExt;
 use hyper::body::Incoming;
 
 /// Why a body could not be read.
@@ -24,6 +24,72 @@ pub enum BodyError {
     Unreadable,
     /// The body did not arrive within the body deadline.
     TooSlow,
+    /// The bodies being held host-wide already fill their budget.
+    NoRoom,
+}
+
+/// The bytes all request bodies together may hold in the host while they are read and until
+/// their guest is done with them: with thousands of connections each allowed
+/// `--max-body-bytes`, the per-body limit alone bounds nothing.
+pub struct BodyBuffers {
+    limit: usize,
+    held: AtomicUsize,
+}
+
+impl BodyBuffers {
+    /// A budget of `limit` bytes.
+    pub fn new(limit: usize) -> Arc<BodyBuffers> {
+        Arc::new(BodyBuffers {
+            limit,
+            held: AtomicUsize::new(0),
+        })
+    }
+
+    /// Bytes held now.
+    pub fn held(&self) -> usize {
+        self.held.load(Ordering::Relaxed)
+    }
+}
+
+/// Bytes of the [`BodyBuffers`] budget one body holds; given back when dropped.
+#[derive(Default)]
+pub struct Reservation {
+    buffers: Option<Arc<BodyBuffers>>,
+    bytes: usize,
+}
+
+impl Reservation {
+    /// Holds `total` bytes in all, if the budget has the difference; `false` if not.
+    fn grow_to(&mut self, total: usize) -> bool {
+        let Some(buffers) = &self.buffers else {
+            return true;
+        };
+        let more = total.saturating_sub(self.bytes);
+        let taken = buffers
+            .held
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |held| {
+                held.checked_add(more).filter(|sum| *sum <= buffers.limit)
+            })
+            .is_ok();
+        if taken {
+            self.bytes += more;
+        }
+        taken
+    }
+}
+
+impl Drop for Reservation {
+    fn drop(&mut self) {
+        if let Some(buffers) = &self.buffers {
+            buffers.held.fetch_sub(self.bytes, Ordering::AcqRel);
+        }
+    }
+}
+
+impl std::fmt::Debug for Reservation {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Reservation({} bytes)", self.bytes)
+    }
 }
 
 /// A body the host has read: whole, or known to be over the limit (and left unread).
@@ -35,23 +101,43 @@ pub enum ReadBody {
     OverLimit,
 }
 
-/// The whole body, or [`ReadBody::OverLimit`] as soon as it is known to exceed `limit`.
+/// The whole body, or [`ReadBody::OverLimit`] as soon as it is known to exceed `limit`, with
+/// the bytes of `buffers` it holds.
+///
+/// Each chunk is copied into one buffer as it arrives and its budget taken before the copy: a
+/// body sent a byte at a time would otherwise pin one of hyper's 8 KiB read buffers per byte.
 pub async fn read_body(
-    body: Incoming,
+    mut body: Incoming,
     headers: &HeaderMap,
     limit: usize,
-) -> Result<ReadBody, BodyError> {
+    buffers: &Arc<BodyBuffers>,
+) -> Result<(ReadBody, Reservation), BodyError> {
     let declared = headers
         .get(header::CONTENT_LENGTH)
         .and_then(|value| value.to_str().ok()?.parse::<u64>().ok());
     if declared.is_some_and(|length| length > limit as u64) {
-        return Ok(ReadBody::OverLimit);
+        return Ok((ReadBody::OverLimit, Reservation::default()));
     }
-    match Limited::new(body, limit).collect().await {
-        Ok(collected) => Ok(ReadBody::Complete(collected.to_bytes())),
-        Err(error) if error.is::<LengthLimitError>() => Ok(ReadBody::OverLimit),
-        Err(_) => Err(BodyError::Unreadable),
+    let mut reservation = Reservation {
+        buffers: Some(Arc::clone(buffers)),
+        bytes: 0,
+    };
+    let mut collected = BytesMut::new();
+    while let Some(frame) = body.frame().await {
+        let Ok(data) = frame.map_err(|_| BodyError::Unreadable)?.into_data() else {
+            continue; // Trailers: nothing for the guest.
+        };
+        let total = collected.len() + data.len();
+        if total > limit {
+            return Ok((ReadBody::OverLimit, Reservation::default()));
+        }
+        // The buffer at most doubles: reserve what it may become before it does.
+        if total > collected.capacity() && !reservation.grow_to(total.max(2 * collected.len())) {
+            return Err(BodyError::NoRoom);
+        }
+        collected.extend_from_slice(&data);
     }
+    Ok((ReadBody::Complete(collected.freeze()), reservation))
 }
 
 /// The body handed to the guest: the bytes read, or, for a body over the limit, a read error
@@ -61,6 +147,8 @@ pub struct GuestRequestBody {
     bytes: Option<Bytes>,
     /// Set when the guest reads a body over the limit.
     over_limit_read: Option<Arc<AtomicBool>>,
+    /// The budget the bytes hold, until the guest is done with the body.
+    _reservation: Reservation,
 }
 
 impl GuestRequestBody {
@@ -69,17 +157,24 @@ impl GuestRequestBody {
         GuestRequestBody {
             bytes: Some(bytes),
             over_limit_read: None,
+            _reservation: Reservation::default(),
         }
     }
 
-    /// The guest's view of `read`, and the flag its read of an over-limit body raises.
-    pub fn new(read: ReadBody) -> (GuestRequestBody, Arc<AtomicBool>) {
+    /// The guest's view of `read` (holding `reservation` while it lives), and the flag its read
+    /// of an over-limit body raises.
+    pub fn new(read: ReadBody, reservation: Reservation) -> (GuestRequestBody, Arc<AtomicBool>) {
         let over_limit_read = Arc::new(AtomicBool::new(false));
         let body = match read {
-            ReadBody::Complete(bytes) => GuestRequestBody::complete(bytes),
+            ReadBody::Complete(bytes) => GuestRequestBody {
+                bytes: Some(bytes),
+                over_limit_read: None,
+                _reservation: reservation,
+            },
             ReadBody::OverLimit => GuestRequestBody {
                 bytes: None,
                 over_limit_read: Some(Arc::clone(&over_limit_read)),
+                _reservation: Reservation::default(),
             },
         };
         (body, over_limit_read)
@@ -123,16 +218,41 @@ impl Body for GuestRequestBody {
 mod tests {
     use super::*;
 
+    #[test]
+    fn a_reservation_takes_only_what_the_budget_has_and_gives_it_back() {
+        let buffers = BodyBuffers::new(100);
+        let mut first = Reservation {
+            buffers: Some(Arc::clone(&buffers)),
+            bytes: 0,
+        };
+        assert!(first.grow_to(60));
+        let mut second = Reservation {
+            buffers: Some(Arc::clone(&buffers)),
+            bytes: 0,
+        };
+        assert!(!second.grow_to(60), "over the budget");
+        assert!(second.grow_to(40));
+        assert_eq!(buffers.held(), 100);
+        drop(first);
+        assert_eq!(buffers.held(), 40);
+        drop(second);
+        assert_eq!(buffers.held(), 0);
+    }
+
     #[tokio::test]
     async fn a_complete_body_is_its_bytes_and_never_raises_the_flag() {
-        let (body, over_limit_read) = GuestRequestBody::new(ReadBody::Complete(Bytes::from("hi")));
+        let (body, over_limit_read) = GuestRequestBody::new(
+            ReadBody::Complete(Bytes::from("hi")),
+            Reservation::default(),
+        );
         assert_eq!(body.collect().await.unwrap().to_bytes(), "hi");
         assert!(!over_limit_read.load(Ordering::Acquire));
     }
 
     #[tokio::test]
     async fn an_over_limit_body_fails_its_first_read_and_raises_the_flag() {
-        let (body, over_limit_read) = GuestRequestBody::new(ReadBody::OverLimit);
+        let (body, over_limit_read) =
+            GuestRequestBody::new(ReadBody::OverLimit, Reservation::default());
         assert!(
             !over_limit_read.load(Ordering::Acquire),
             "raised before a read"

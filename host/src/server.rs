@@ -27,7 +27,7 @@ use crate::error::{RequestError, one_line};
 use crate::guest::Guest;
 use crate::instrument;
 use crate::metrics::{self, Metrics};
-use crate::request_body::{BodyError, GuestRequestBody, ReadBody, read_body};
+use crate::request_body::{BodyBuffers, BodyError, GuestRequestBody, ReadBody, read_body};
 use crate::request_state::RequestState;
 use crate::responses::{self, ResponseBody};
 use crate::routes::{self, MatchedRoute};
@@ -61,6 +61,8 @@ pub struct App {
     limits: ClientLimits,
     /// The connections the host serves at once.
     connections: Arc<ConnectionTable>,
+    /// The bytes of request bodies held host-wide.
+    body_buffers: Arc<BodyBuffers>,
 }
 
 /// What one client may use of the host.
@@ -70,6 +72,9 @@ pub struct ClientLimits {
     pub max_body_bytes: usize,
     /// How long a request's body may take to arrive once its head has; slower ones get 408.
     pub body_timeout: Duration,
+    /// Bytes of request bodies all connections together may hold; a body that finds no room
+    /// gets 503.
+    pub body_buffer_bytes: usize,
     /// Connections served at once; when full, one that is not being answered gives way to a
     /// newcomer (see [`crate::connections`]), and only otherwise is the newcomer answered 503.
     pub max_connections: usize,
@@ -83,6 +88,7 @@ impl App {
             users,
             metrics: Arc::new(Metrics::new()),
             connections: ConnectionTable::new(limits.max_connections),
+            body_buffers: BodyBuffers::new(limits.body_buffer_bytes),
             limits,
         }
     }
@@ -132,18 +138,33 @@ impl App {
         }
         let connection = request.extensions().get::<Arc<Ticket>>().cloned();
         if request.uri().path() == routes::METRICS_PATH {
+            if let Some(connection) = &connection {
+                connection.enter(Phase::Answering);
+            }
             if let Some(route) = matched_route.set(Arc::from(routes::METRICS_PATH)) {
                 span.record("http.route", &*route);
             }
             return self.metrics_page(request.method()).await;
         }
         let (mut parts, body) = request.into_parts();
-        let reading = read_body(body, &parts.headers, self.limits.max_body_bytes);
+        let reading = read_body(
+            body,
+            &parts.headers,
+            self.limits.max_body_bytes,
+            &self.body_buffers,
+        );
         let read = tokio::time::timeout(self.limits.body_timeout, reading)
             .await
             .unwrap_or(Err(BodyError::TooSlow));
-        let body = match read {
-            Ok(body) => body,
+        let (body, reservation) = match read {
+            Ok(read) => read,
+            Err(BodyError::NoRoom) => {
+                // The rest of the body is still on the connection.
+                return closing(responses::error(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    responses::BUSY,
+                ));
+            }
             Err(BodyError::TooSlow) => {
                 // The rest of the body may still come: the connection cannot carry another request.
                 return closing(responses::error(
@@ -160,7 +181,7 @@ impl App {
             connection.enter(Phase::Answering);
         }
         let left_unread = body == ReadBody::OverLimit;
-        let (body, over_limit_read) = GuestRequestBody::new(body);
+        let (body, over_limit_read) = GuestRequestBody::new(body, reservation);
         parts.headers.insert(REQUEST_ID, request_id.clone());
         let no_host = parts
             .headers

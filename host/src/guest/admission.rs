@@ -20,23 +20,25 @@ pub enum Refusal {
         /// The index of the offending canonical function, in the order they are declared.
         index: usize,
     },
+    /// The binary, which wasmtime accepted, could not be read through to its end here: nothing
+    /// unread is trusted.
+    #[error("its canonical functions could not be read: {0}")]
+    Unreadable(#[from] wasmparser::BinaryReaderError),
 }
 
 /// Checks `bytes`, a component's binary, against the host's rules: every function through which
 /// the guest hands values to the host (a lowered import, and the component model's async
 /// built-ins) uses UTF-8 strings. Lifted exports may use any encoding: there the host writes
-/// into the guest's memory, not the other way round. Bytes that do not parse pass: wasmtime's
-/// validation, which comes next, says what is wrong with them.
+/// into the guest's memory, not the other way round. Run it on a binary wasmtime has accepted:
+/// one that does not parse here is refused.
 pub fn check(bytes: &[u8]) -> Result<(), Refusal> {
     let mut index = 0;
     for payload in Parser::new(0).parse_all(bytes) {
-        let Ok(Payload::ComponentCanonicalSection(section)) = payload else {
+        let Payload::ComponentCanonicalSection(section) = payload? else {
             continue;
         };
         for function in section {
-            let Ok(function) = function else {
-                break;
-            };
+            let function = function?;
             if let Some(encoding) = host_bound_encoding(&function) {
                 return Err(Refusal::StringEncoding { encoding, index });
             }
@@ -110,7 +112,10 @@ mod tests {
     }
 
     #[test]
-    fn bytes_that_are_not_a_component_are_left_to_wasmtime_to_refuse() {
-        check(b"\0asm\x0d\0\x01\0garbage").unwrap();
+    fn bytes_that_cannot_be_read_through_are_refused() {
+        assert!(matches!(
+            check(b"\0asm\x0d\0\x01\0garbage"),
+            Err(Refusal::Unreadable(_))
+        ));
     }
 }

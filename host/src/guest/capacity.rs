@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use wasmtime::{ResourceLimiter, StoreLimits, StoreLimitsBuilder};
 
-use super::pool::{MemoryBudget, MemoryPool, StackPool};
+use super::pool::{BudgetSpent, MemoryBudget, MemoryPool, StackPool};
 use super::runtime::GuestLimits;
 use super::slots::InstanceSlots;
 
@@ -133,6 +133,10 @@ impl ResourceLimiter for InstanceLimiter {
     }
 
     fn memory_grow_failed(&mut self, error: wasmtime::Error) -> wasmtime::Result<()> {
+        // Another instance took the last of the budget between this one's check and its growth.
+        if error.is::<BudgetSpent>() {
+            self.over_budget.store(true, Ordering::Release);
+        }
         self.own.memory_grow_failed(error)
     }
 

@@ -148,8 +148,14 @@ impl Guest {
             Err(_) => Err(match task.await {
                 Ok(Ok(())) => RequestError::NoResponse,
                 Ok(Err(trap)) if trap.is::<DeadlineExceeded>() => RequestError::Timeout,
-                // The host, not the guest, ran short: the instance could not get its memory.
-                Ok(Err(_)) if over_budget.load(Ordering::Acquire) => RequestError::Busy,
+                // The host, not the guest, ran short: the instance could not get its memory
+                // (a refused new memory reaches here only as wasmtime's text of the refusal).
+                Ok(Err(trap))
+                    if over_budget.load(Ordering::Acquire)
+                        || crate::error::one_line(&*trap).contains(pool::BUDGET_SPENT) =>
+                {
+                    RequestError::Busy
+                }
                 Ok(Err(trap)) => RequestError::Trapped(trap),
                 Err(join_error) => RequestError::Task(join_error),
             }),

@@ -255,6 +255,23 @@ impl Mappings {
     }
 }
 
+/// What a memory's growth or creation fails with when the budget, not the instance's own
+/// limit, refused it.
+#[derive(Debug)]
+pub struct BudgetSpent;
+
+impl std::fmt::Display for BudgetSpent {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(BUDGET_SPENT)
+    }
+}
+
+impl std::error::Error for BudgetSpent {}
+
+/// The words of a [`BudgetSpent`], also in the refusal of a new memory, which wasmtime passes
+/// on as text.
+pub const BUDGET_SPENT: &str = "the guest memory budget is spent";
+
 /// The linear memory all guest instances together may grow to, however many there are.
 pub struct MemoryBudget {
     limit: usize,
@@ -348,7 +365,7 @@ unsafe impl MemoryCreator for MemoryPool {
             ));
         }
         if !self.budget.commit(minimum) {
-            return Err("the guest memory budget is spent".into());
+            return Err(BUDGET_SPENT.into());
         }
         let region = match self.regions.take() {
             Ok(region) => region,
@@ -401,7 +418,7 @@ unsafe impl LinearMemory for PooledMemory {
         }
         if new_size > self.size {
             if !self.budget.commit(new_size - self.size) {
-                wasmtime::bail!("the guest memory budget is spent");
+                return Err(BudgetSpent.into());
             }
             self.size = new_size;
         }

@@ -91,10 +91,6 @@ impl Runtime {
             path: path.to_owned(),
             source,
         })?;
-        super::admission::check(&bytes).map_err(|source| Error::GuestRefused {
-            path: path.to_owned(),
-            source,
-        })?;
         let invalid = |source: wasmtime::Error| Error::GuestInvalid {
             path: path.to_owned(),
             source,
@@ -103,6 +99,11 @@ impl Runtime {
             .cache
             .load_or_compile(&self.engine, &bytes)
             .map_err(invalid)?;
+        // wasmtime has validated the binary; now the host's own rules.
+        super::admission::check(&bytes).map_err(|source| Error::GuestRefused {
+            path: path.to_owned(),
+            source,
+        })?;
         let instance_pre = self.linker.instantiate_pre(&component).map_err(invalid)?;
         let pre = ServicePre::new(instance_pre).map_err(invalid)?;
         let guest = Guest {
