@@ -180,22 +180,23 @@ async fn wait_for_lines(host: &Host, message: &str, count: usize) {
 
 #[tokio::test]
 async fn the_probe_path_is_a_flag_and_off_swaps_in_a_guest_unprobed() {
-    // Probed on a path the real guest answers 404: even the real guest is refused.
-    let live = live_guest();
-    let host = Host::start_with(&live, &[("GUEST_PROBE_PATH", "/api/nope?x=1")]);
-    host.signal("HUP");
-    wait_for_lines(
-        &host,
-        "guest reload rejected; the running guest keeps serving",
-        1,
-    )
-    .await;
-    let rejected = host.wait_for_log(|line| line["level"] == "ERROR");
+    // Probed on a path the real guest answers 404: even the real guest is refused, at start as
+    // on a reload (one rule for both), with the probe's answer in one line.
+    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_host"));
+    command
+        .args(["--port", "0", "--bind", "127.0.0.1", "--guest"])
+        .arg(live_guest())
+        .env("GUEST_PROBE_PATH", "/api/nope?x=1");
+    let output = support::run_to_exit(command, Duration::from_secs(60));
+    assert!(!output.status.success(), "a guest failing its probe served");
+    let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(
-        rejected["error"]
-            .as_str()
-            .is_some_and(|why| why.contains("/api/nope?x=1") && why.contains("404")),
-        "{rejected}"
+        stderr.contains("failed its probe")
+            && stderr.contains("/api/nope?x=1")
+            && stderr.contains("404")
+            && stderr.contains("--probe-path off")
+            && stderr.trim().lines().count() == 1,
+        "{stderr}"
     );
     // Probing off: a guest that fails every request is swapped in all the same.
     let live = live_guest();
@@ -205,6 +206,22 @@ async fn the_probe_path_is_a_flag_and_off_swaps_in_a_guest_unprobed() {
     wait_for_lines(&host, "guest reloaded", 1).await;
     assert_eq!(health(&host).await.0, 500);
     assert_eq!(reloads(&host, "success").await, 1.0);
+}
+
+#[test]
+fn a_guest_that_traps_on_its_probe_is_refused_at_start() {
+    let start = |probe: &str| {
+        let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_host"));
+        command
+            .args(["--port", "0", "--bind", "127.0.0.1", "--probe-path", probe, "--guest"])
+            .arg(guest_path("panicking-guest"));
+        // A host that starts keeps running: killed at the limit, which is failure enough here.
+        support::run_to_exit(command, Duration::from_secs(20))
+    };
+    let refused = start("/api/health");
+    assert_eq!(refused.status.code(), Some(1), "{refused:?}");
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(stderr.contains("failed its probe"), "{stderr}");
 }
 
 #[test]

@@ -15,6 +15,8 @@ use support::{Host, client, guest_path};
 /// `service_name`.
 fn host_exporting_to(agent: &Agent, guest: &str, service_name: &str, schedule_ms: &str) -> Host {
     let port = agent.port.to_string();
+    // A guest that fails every request fails its probe too: it is loaded unprobed.
+    let probe = if guest == "panicking-guest" { "off" } else { "/api/health" };
     Host::start_with(
         &guest_path(guest),
         &[
@@ -22,6 +24,7 @@ fn host_exporting_to(agent: &Agent, guest: &str, service_name: &str, schedule_ms
             ("OTEL_EXPORTER_JAEGER_AGENT_HOST", "127.0.0.1"),
             ("OTEL_EXPORTER_JAEGER_AGENT_PORT", &port),
             ("OTEL_BSP_SCHEDULE_DELAY", schedule_ms),
+            ("GUEST_PROBE_PATH", probe),
         ],
     )
 }

@@ -1,10 +1,11 @@
 //! The host's configuration: flags override environment variables, which override defaults.
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::ffi::OsString;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use clap::Parser;
+use clap::{CommandFactory, Parser};
 use clap::builder::BoolishValueParser;
 
 use crate::error::Error;
@@ -54,21 +55,40 @@ pub const DEFAULT_PROBE_PATH: &str = "/api/health";
 /// Where the JSON log lines are appended, relative to the working directory.
 pub const DEFAULT_LOG_FILE: &str = "logs/app.log";
 
-/// The OpenTelemetry SDK's variables, read from the environment only (as every SDK reads them).
-const OTEL_HELP: &str = "\
+/// The variables read from the environment only: the OpenTelemetry SDK's (as every SDK reads
+/// them) and the log filter.
+const ENVIRONMENT_HELP: &str = "\
+Every value, of a flag or a variable, is trimmed; an empty one counts as unset.
+
 Span export, as every OpenTelemetry SDK is configured (environment only):
   OTEL_TRACES_EXPORTER                 jaeger (UDP agent, the default) | otlp | none
+  OTEL_SDK_DISABLED                    true: export no spans
   OTEL_EXPORTER_OTLP_ENDPOINT          collector base URL [http://localhost:4318; grpc: :4317]
   OTEL_EXPORTER_OTLP_TRACES_ENDPOINT   full URL for spans (wins over the base URL)
   OTEL_EXPORTER_OTLP_PROTOCOL          http/protobuf (the default) | grpc
+  OTEL_EXPORTER_OTLP_TRACES_PROTOCOL   the same, for spans only (wins over the above)
   OTEL_EXPORTER_OTLP_HEADERS           key=value,... sent with every export
+  OTEL_EXPORTER_OTLP_TRACES_HEADERS    the same, for spans only (wins over the above)
   OTEL_EXPORTER_OTLP_TIMEOUT           milliseconds per export [10000]
+  OTEL_EXPORTER_OTLP_TRACES_TIMEOUT    the same, for spans only (wins over the above)
+  OTEL_EXPORTER_OTLP_COMPRESSION       none (the only value this build accepts)
+  OTEL_EXPORTER_OTLP_TRACES_COMPRESSION  the same, for spans only
   OTEL_RESOURCE_ATTRIBUTES             key=value,... on every span's resource
-  OTEL_SDK_DISABLED                    true: export no spans";
+  OTEL_BSP_SCHEDULE_DELAY              milliseconds between span batches [5000]
+  OTEL_BSP_MAX_QUEUE_SIZE              spans waiting for export at most [2048]
+  OTEL_BSP_MAX_EXPORT_BATCH_SIZE       spans per batch [128 to the agent, 512 over OTLP]
+  OTEL_BSP_EXPORT_TIMEOUT              milliseconds per export to the agent [5000]
+  OTEL_BSP_MAX_CONCURRENT_EXPORTS      exports at once [1]
+
+Logs:
+  RUST_LOG                             log filter for the JSON lines [info]";
+
+/// The log filter's variable, read by `tracing-subscriber`.
+pub const LOG_FILTER_VARIABLE: &str = "RUST_LOG";
 
 /// Serves the tutorial service's guest component over HTTP.
 #[derive(Debug, Clone, Parser)]
-#[command(name = "host", version, about, after_help = OTEL_HELP)]
+#[command(name = "host", version, about, after_help = ENVIRONMENT_HELP)]
 pub struct Config {
     /// Guest component to serve (a wasi-http component; `make build` produces the default one).
     #[arg(long, env = "GUEST_COMPONENT", default_value_os_t = default_guest_path())]
@@ -295,6 +315,115 @@ impl Config {
     /// The socket address to listen on.
     pub fn listen_addr(&self) -> SocketAddr {
         SocketAddr::new(self.bind, self.port)
+    }
+}
+
+/// Every environment variable the host reads: its flags' variables, the OpenTelemetry SDK's and
+/// the log filter.
+pub fn variables() -> Vec<String> {
+    let flags = Config::command();
+    let mut names: Vec<String> = flags
+        .get_arguments()
+        .filter_map(|arg| arg.get_env())
+        .filter_map(|name| name.to_str().map(str::to_string))
+        .collect();
+    names.extend(otel_env::VARIABLES.iter().map(|name| name.to_string()));
+    names.push(LOG_FILTER_VARIABLE.to_string());
+    names.sort();
+    names.dedup();
+    names
+}
+
+/// Applies the one rule for values to the environment: each variable the host reads is
+/// trimmed, and an empty one removed, so it counts as unset for the host and for the exporters,
+/// which read some of these variables again themselves.
+///
+/// # Safety
+///
+/// Changes the process environment: call it before any other thread runs.
+pub unsafe fn normalize_environment() {
+    for name in variables() {
+        let Some(value) = std::env::var_os(&name) else {
+            continue;
+        };
+        let Some(text) = value.to_str() else {
+            continue; // Refused by the checks, which read it as text.
+        };
+        let trimmed = text.trim();
+        // SAFETY: the caller runs this before any other thread exists.
+        unsafe {
+            if trimmed.is_empty() {
+                std::env::remove_var(&name);
+            } else if trimmed.len() != text.len() {
+                std::env::set_var(&name, trimmed);
+            }
+        }
+    }
+}
+
+/// Applies the one rule for values to the command line: a flag's value is trimmed, and a flag
+/// whose value is empty is dropped, so it counts as unset (the variable, then the default).
+pub fn normalized_args(args: impl IntoIterator<Item = OsString>) -> Vec<OsString> {
+    let flags = Config::command();
+    let takes_value = |name: &str| {
+        flags
+            .get_arguments()
+            .any(|arg| arg.get_long() == Some(name) && arg.get_action().takes_values())
+    };
+    let mut args = args.into_iter();
+    let mut normalized: Vec<OsString> = args.next().into_iter().collect();
+    while let Some(arg) = args.next() {
+        let Some(flag) = arg.to_str().and_then(|text| text.strip_prefix("--")) else {
+            normalized.push(arg);
+            continue;
+        };
+        if let Some((name, value)) = flag.split_once('=') {
+            let value = value.trim();
+            if !value.is_empty() {
+                normalized.push(format!("--{name}={value}").into());
+            }
+        } else if takes_value(flag) {
+            match args.next() {
+                Some(value) => match value.to_str().map(str::trim) {
+                    Some("") => {}
+                    Some(text) => normalized.extend([arg.clone(), text.into()]),
+                    None => normalized.extend([arg.clone(), value]),
+                },
+                None => normalized.push(arg),
+            }
+        } else {
+            normalized.push(arg);
+        }
+    }
+    normalized
+}
+
+/// The message for `error` from parsing `args`: clap's own, except that a bad value which came
+/// from an environment variable is said to come from that variable (clap names the flag).
+pub fn explain(error: clap::Error, args: &[OsString]) -> String {
+    use clap::error::{ContextKind, ContextValue};
+    let rendered = error.render().to_string();
+    let Some(ContextValue::String(flag)) = error.get(ContextKind::InvalidArg) else {
+        return rendered;
+    };
+    let flags = Config::command();
+    let Some(arg) = flags.get_arguments().find(|arg| {
+        arg.get_long()
+            .is_some_and(|long| flag.starts_with(&format!("--{long} ")) || *flag == format!("--{long}"))
+    }) else {
+        return rendered;
+    };
+    let long = format!("--{}", arg.get_long().unwrap_or_default());
+    let typed = args.iter().any(|typed| {
+        typed
+            .to_str()
+            .is_some_and(|typed| typed == long || typed.starts_with(&format!("{long}=")))
+    });
+    match arg.get_env().and_then(|name| name.to_str()) {
+        Some(variable) if !typed && std::env::var_os(variable).is_some() => {
+            rendered.replace(&format!("'{flag}'"), variable)
+        }
+        _ => rendered,
     }
 }
 
@@ -603,5 +732,50 @@ mod tests {
         assert!(Config::try_parse_from(["host", "--bind", "nowhere"]).is_err());
         assert!(Config::try_parse_from(["host", "--request-timeout-ms", "0"]).is_err());
         assert!(Config::try_parse_from(["host", "--store-pool-size", "0"]).is_err());
+    }
+
+    fn args(list: &[&str]) -> Vec<OsString> {
+        list.iter().map(OsString::from).collect()
+    }
+
+    #[test]
+    fn a_flags_value_is_trimmed_and_an_empty_one_counts_as_unset() {
+        let normalized = normalized_args(args(&[
+            "host",
+            "--port",
+            " 9090 ",
+            "--service-name",
+            "  ",
+            "--bind= 127.0.0.1",
+            "--jaeger-agent-port=",
+            "--watch",
+        ]));
+        assert_eq!(
+            normalized,
+            args(&["host", "--port", "9090", "--bind=127.0.0.1", "--watch"])
+        );
+        let config = Config::try_parse_from(&normalized).unwrap();
+        assert_eq!(config.listen_addr().to_string(), "127.0.0.1:9090");
+        assert_eq!(config.service_name, None);
+        assert!(config.watch);
+    }
+
+    #[test]
+    fn a_bad_value_is_named_by_the_flag_typed() {
+        let typed = args(&["host", "--jaeger-agent-port", "abc"]);
+        let error = Config::try_parse_from(&typed).unwrap_err();
+        let message = explain(error, &typed);
+        assert!(message.contains("--jaeger-agent-port"), "{message}");
+    }
+
+    #[test]
+    fn every_variable_the_host_reads_is_listed_by_help() {
+        let help = Config::command().render_long_help().to_string();
+        for variable in variables() {
+            assert!(help.contains(&variable), "--help does not list {variable}");
+        }
+        for variable in ["OTEL_SERVICE_NAME", "OTEL_BSP_MAX_QUEUE_SIZE", "RUST_LOG"] {
+            assert!(variables().iter().any(|listed| listed == variable), "{variable}");
+        }
     }
 }

@@ -75,6 +75,16 @@ pub enum Error {
         /// What is wrong with it.
         reason: String,
     },
+    /// PostgreSQL answered, but the database the URL names does not exist. The host does not
+    /// create it: which server, owner and settings a database gets is the operator's choice.
+    #[error(
+        "the user store's database does not exist: {target}; create it first (`createdb` with \
+         the URL's host, port, user and database name, or `CREATE DATABASE` in psql)"
+    )]
+    StoreDatabaseMissing {
+        /// `postgres://host:port/database`, without credentials.
+        target: String,
+    },
     /// PostgreSQL could not be reached, or its schema set up, at start.
     #[error("cannot reach the user store at {target} (waited {:.1} s): {reason}", waited.as_secs_f64())]
     StoreUnreachable {

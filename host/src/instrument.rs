@@ -103,7 +103,8 @@ pub fn init(log_file: &Path, settings: &TelemetrySettings) -> TelemetryGuard {
         Err(error) => (Box::new(std::io::sink()), Some(error)),
     };
     let (file, file_guard) = tracing_appender::non_blocking(file_target);
-    let log_level = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let log_level =
+        EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(DEFAULT_LOG_FILTER));
     // Spans stay enabled whatever the level, so a WARN line still carries its request's fields.
     // The level hints matter: they set the `log` crate's maximum level, and cranelift logs every
     // compilation step through `log` at debug and trace.
@@ -119,8 +120,9 @@ pub fn init(log_file: &Path, settings: &TelemetrySettings) -> TelemetryGuard {
         .with_filter(log_level);
 
     opentelemetry::global::set_text_map_propagator(TraceContextPropagator::new());
-    // An unreachable agent must cost nothing: its send errors are not worth a line each.
-    let _ = opentelemetry::global::set_error_handler(|_| {});
+    // An unreachable agent or collector must cost nothing: its errors are said in one WARN line
+    // a minute at most, so a user whose spans go nowhere learns it without a flood of lines.
+    let _ = opentelemetry::global::set_error_handler(warn_of_export_errors);
     let (tracer, exporter_error) = match tracer(settings) {
         Ok(tracer) => (tracer, None),
         Err(error) => (None, Some(error)),
@@ -142,9 +144,46 @@ pub fn init(log_file: &Path, settings: &TelemetrySettings) -> TelemetryGuard {
     }
     if let Some(error) = exporter_error {
         tracing::warn!(%error, "cannot start the span exporter; spans are not exported");
+    } else {
+        let (exporter, endpoint) = settings.export.describe();
+        if endpoint.is_empty() {
+            tracing::info!(exporter, "spans are not exported");
+        } else {
+            tracing::info!(exporter, endpoint, "spans go to {endpoint}");
+        }
     }
     TelemetryGuard {
         _log_writers: vec![stdout_guard, file_guard],
+    }
+}
+
+/// The log filter unless `RUST_LOG` says otherwise: the host's own lines from `info`, the
+/// PostgreSQL client's from `warn` (its `info` lines are the server's notices, such as a table
+/// that already exists at every start).
+pub const DEFAULT_LOG_FILTER: &str = "info,tokio_postgres=warn";
+
+/// How often, at most, a failing span export is said in a WARN line.
+pub const EXPORT_WARNING_INTERVAL: Duration = Duration::from_secs(60);
+
+/// The OpenTelemetry SDK's error handler: the first error, then at most one a minute, as a WARN
+/// line (later ones in the same minute are counted in the next line).
+fn warn_of_export_errors(error: opentelemetry::global::Error) {
+    use std::sync::Mutex;
+    use std::time::Instant;
+    static LAST: Mutex<Option<(Instant, u64)>> = Mutex::new(None);
+    let mut last = LAST.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    match &mut *last {
+        Some((said, unsaid)) if said.elapsed() < EXPORT_WARNING_INTERVAL => *unsaid += 1,
+        _ => {
+            let unsaid = last.map_or(0, |(_, unsaid)| unsaid);
+            *last = Some((Instant::now(), 0));
+            drop(last);
+            tracing::warn!(
+                %error,
+                errors_since_last_line = unsaid,
+                "span export failed; spans are being lost (said at most once a minute)"
+            );
+        }
     }
 }
 

@@ -82,30 +82,57 @@ where
                 }
             }
         }
-        event.record(&mut EventFields(&mut line));
-        line.insert("target".into(), event.metadata().target().into());
+        let mut fields = EventFields {
+            line: &mut line,
+            library_target: None,
+        };
+        event.record(&mut fields);
+        let target = fields
+            .library_target
+            .take()
+            .unwrap_or_else(|| event.metadata().target().to_string());
+        line.insert("target".into(), target.into());
         writeln!(writer, "{}", Value::Object(line))
     }
 }
 
 /// Copies an event's fields into the line, merging [`GUEST_FIELDS`].
-struct EventFields<'a>(&'a mut Map<String, Value>);
+///
+/// A library's line that came through the `log` crate carries `log.target`, `log.module_path`,
+/// `log.file` and `log.line`: the last two point into the build machine's cargo registry. Its
+/// target becomes the line's `target`, and the rest is left out.
+struct EventFields<'a> {
+    line: &'a mut Map<String, Value>,
+    library_target: Option<String>,
+}
+
+impl EventFields<'_> {
+    fn insert(&mut self, field: &Field, value: Value) {
+        match field.name() {
+            "log.target" => self.library_target = value.as_str().map(str::to_string),
+            name if name.starts_with("log.") => {}
+            name => {
+                self.line.insert(name.into(), value);
+            }
+        }
+    }
+}
 
 impl Visit for EventFields<'_> {
     fn record_str(&mut self, field: &Field, value: &str) {
-        self.0.insert(field.name().into(), value.into());
+        self.insert(field, value.into());
     }
     fn record_i64(&mut self, field: &Field, value: i64) {
-        self.0.insert(field.name().into(), value.into());
+        self.insert(field, value.into());
     }
     fn record_u64(&mut self, field: &Field, value: u64) {
-        self.0.insert(field.name().into(), value.into());
+        self.insert(field, value.into());
     }
     fn record_f64(&mut self, field: &Field, value: f64) {
-        self.0.insert(field.name().into(), value.into());
+        self.insert(field, value.into());
     }
     fn record_bool(&mut self, field: &Field, value: bool) {
-        self.0.insert(field.name().into(), value.into());
+        self.insert(field, value.into());
     }
     fn record_debug(&mut self, field: &Field, value: &dyn fmt::Debug) {
         let text = format!("{value:?}");
@@ -115,16 +142,16 @@ impl Visit for EventFields<'_> {
             // The guest never replaces a field the host put on the line (`http.route`, the
             // request's ids...): a clashing one is kept beside it as `guest.<name>`.
             for (key, value) in fields {
-                let key = if self.0.contains_key(&key) {
+                let key = if self.line.contains_key(&key) {
                     format!("guest.{key}")
                 } else {
                     key
                 };
-                self.0.insert(key, value);
+                self.line.insert(key, value);
             }
             return;
         }
-        self.0.insert(field.name().into(), text.into());
+        self.insert(field, text.into());
     }
 }
 
@@ -197,6 +224,25 @@ mod tests {
         assert_eq!(line["level"], "WARN");
         assert!(line.contains_key("timestamp") && line.contains_key("target"));
         assert!(!line.contains_key("otel.name"), "{line:?}");
+    }
+
+    #[test]
+    fn a_librarys_line_names_its_target_and_no_build_paths() {
+        let lines = lines_logged_by(|| {
+            tracing::info!(
+                log.target = "tokio_postgres::connection",
+                log.module_path = "tokio_postgres::connection",
+                log.file = "/root/.cargo/registry/src/tokio-postgres-0.7/src/connection.rs",
+                log.line = 12,
+                "NOTICE: relation already exists, skipping"
+            );
+        });
+        let line = &lines[0];
+        assert_eq!(line["target"], "tokio_postgres::connection");
+        assert!(
+            line.keys().all(|key| !key.starts_with("log.")),
+            "{line:?}"
+        );
     }
 
     #[test]

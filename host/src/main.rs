@@ -7,7 +7,7 @@ use std::time::Instant;
 use anyhow::Context;
 use clap::Parser;
 use host::cache::ComponentCache;
-use host::config::Config;
+use host::config::{self, Config};
 use host::guest::Runtime;
 use host::instrument;
 use host::reload::Reloader;
@@ -26,8 +26,18 @@ const EVENT_INTERVAL: u32 = 4;
 
 fn main() -> ExitCode {
     // SAFETY: first thing in `main`, before any other thread exists.
-    unsafe { host::otel_env::normalize_environment() };
-    let config = Config::parse();
+    unsafe { config::normalize_environment() };
+    let args = config::normalized_args(std::env::args_os());
+    let config = match Config::try_parse_from(&args) {
+        Ok(config) => config,
+        // `--help` and `--version` print to stdout and exit 0.
+        Err(error) if !error.use_stderr() => error.exit(),
+        Err(error) => {
+            // An error names what the user set: the variable when the value came from one.
+            eprint!("{}", config::explain(error, &args));
+            return ExitCode::from(2);
+        }
+    };
     let telemetry_settings = match config.telemetry() {
         Ok(settings) => settings,
         Err(error) => {
@@ -67,12 +77,17 @@ async fn run(config: Config) -> anyhow::Result<()> {
     let runtime = Arc::new(Runtime::new(cache, config.guest_limits())?);
     let loading = Instant::now();
     let (guest, cache) = runtime.load(&config.guest)?;
-    // A guest that fails its health probe still starts (its requests get 500s); a reload of such
-    // a guest is refused instead, since a working one is serving then.
+    // Start and reload follow one rule: a guest serves only once it has answered its probe 200
+    // (`--probe-path off` loads one without a probe).
     let version = guest
         .probe_version(&config.probe_path)
         .await
-        .unwrap_or_else(|_| "unknown".to_string());
+        .with_context(|| {
+            format!(
+                "guest component {} failed its probe; fix it, or start with --probe-path off",
+                config.guest.display()
+            )
+        })?;
     tracing::info!(
         guest = %config.guest.display(),
         version,
@@ -110,7 +125,11 @@ async fn run(config: Config) -> anyhow::Result<()> {
         .with_context(|| format!("cannot listen on {addr}"))?;
     // Every handler is installed before the line that tells the world the host is up.
     let shutdown = shutdown_signal();
-    tracing::info!("listening on http://{}", listener.local_addr()?);
+    tracing::info!(
+        pid = std::process::id(),
+        "listening on http://{}",
+        listener.local_addr()?
+    );
 
     server::serve(listener, app, shutdown).await;
     tracing::info!("stopped");

@@ -67,33 +67,6 @@ pub const VARIABLES: &[&str] = &[
     BSP_MAX_CONCURRENT_EXPORTS,
 ];
 
-/// Makes the environment say what the host understood: an empty variable is removed and
-/// surrounding spaces trimmed, since the OTLP exporter and the batch processor read their
-/// variables again, raw (an empty endpoint would be a relative URL to them).
-///
-/// # Safety
-///
-/// Changes the process environment: call it before any other thread runs.
-pub unsafe fn normalize_environment() {
-    for name in VARIABLES {
-        let Some(value) = std::env::var_os(name) else {
-            continue;
-        };
-        let Some(text) = value.to_str() else {
-            continue; // Refused by the checks, which read it as text.
-        };
-        let trimmed = text.trim();
-        // SAFETY: the caller runs this before any other thread exists.
-        unsafe {
-            if trimmed.is_empty() {
-                std::env::remove_var(name);
-            } else if trimmed.len() != text.len() {
-                std::env::set_var(name, trimmed);
-            }
-        }
-    }
-}
-
 /// The collector's address over HTTP unless told otherwise.
 pub const DEFAULT_HTTP_ENDPOINT: &str = "http://localhost:4318";
 /// The collector's address over gRPC unless told otherwise.
@@ -125,6 +98,28 @@ pub enum SpanExport {
     },
     /// OTLP to a collector.
     Otlp(OtlpSettings),
+}
+
+impl SpanExport {
+    /// The exporter's name and where it sends, for the start-up line (never the headers, which
+    /// may hold keys).
+    pub fn describe(&self) -> (&'static str, String) {
+        match self {
+            SpanExport::Off => ("none", String::new()),
+            SpanExport::JaegerAgent { host, port } => {
+                let host = if host.contains(':') {
+                    format!("[{host}]")
+                } else {
+                    host.clone()
+                };
+                ("jaeger", format!("udp://{host}:{port}"))
+            }
+            SpanExport::Otlp(settings) => match settings.protocol {
+                OtlpProtocol::HttpProtobuf => ("otlp/http", settings.endpoint.clone()),
+                OtlpProtocol::Grpc => ("otlp/grpc", settings.endpoint.clone()),
+            },
+        }
+    }
 }
 
 /// How spans reach an OTLP collector.
@@ -405,7 +400,14 @@ fn key_value_list(variable: &'static str, list: &str) -> Result<Vec<(String, Str
         if key.is_empty() {
             return Err(bad(variable, "a key is empty"));
         }
-        let value = percent_encoding::percent_decode_str(value.trim())
+        let value = value.trim();
+        if !is_percent_encoded(value) {
+            return Err(bad(
+                variable,
+                "a value has a `%` not followed by two hex digits (write a literal % as %25)",
+            ));
+        }
+        let value = percent_encoding::percent_decode_str(value)
             .decode_utf8()
             .map_err(|_| bad(variable, "a value is not UTF-8 once percent-decoded"))?;
         pairs.push((key.to_string(), value.into_owned()));
@@ -414,6 +416,18 @@ fn key_value_list(variable: &'static str, list: &str) -> Result<Vec<(String, Str
         }
     }
     Ok(pairs)
+}
+
+/// Whether every `%` in `value` starts an escape of two hex digits: a lone one would be sent
+/// as it is, which is never what was meant.
+fn is_percent_encoded(value: &str) -> bool {
+    let bytes = value.as_bytes();
+    bytes.iter().enumerate().all(|(index, &byte)| {
+        byte != b'%'
+            || bytes
+                .get(index + 1..index + 3)
+                .is_some_and(|hex| hex.iter().all(u8::is_ascii_hexdigit))
+    })
 }
 
 fn bad(variable: &'static str, reason: &str) -> Error {
@@ -544,6 +558,16 @@ mod tests {
         );
         assert_eq!(settings.timeout, Duration::from_millis(2500));
         assert!(!format!("{settings:?}").contains("s=cret"));
+    }
+
+    #[test]
+    fn a_value_with_a_percent_that_starts_no_escape_is_refused_without_echoing_it() {
+        for list in ["api-key=top%ZZsecret", "api-key=secret%", "api-key=secret%4"] {
+            let error = key_value_list(OTLP_HEADERS, list).unwrap_err().to_string();
+            assert!(error.contains(OTLP_HEADERS) && error.contains("%25"), "{error}");
+            assert!(!error.contains("secret"), "{error}");
+        }
+        assert!(key_value_list(OTLP_HEADERS, "a=100%25").is_ok());
     }
 
     #[test]

@@ -22,6 +22,34 @@ use crate::telemetry::GuestTelemetry;
 pub const MAX_RESOURCES_PER_REQUEST: usize = 16 * 1024;
 use crate::user_store::UserStore;
 
+/// What went wrong on the host's side of one request (a store call that failed), shared with
+/// the server, whose one ERROR line for the request carries it.
+#[derive(Debug, Default)]
+pub struct HostFault(std::sync::Mutex<Option<String>>);
+
+impl HostFault {
+    /// Records `cause`, unless an earlier one is recorded: the first fault explains the rest.
+    pub fn record(&self, cause: impl FnOnce() -> String) {
+        let mut recorded = self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if recorded.is_none() {
+            *recorded = Some(cause());
+        }
+    }
+
+    /// Records `cause` in place of any earlier one: the fault that decided the answer.
+    pub fn record_over(&self, cause: String) {
+        *self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(cause);
+    }
+
+    /// The recorded cause, if any.
+    pub fn take(&self) -> Option<String> {
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take()
+    }
+}
+
 /// The data of one request's `wasmtime::Store`.
 pub struct RequestState {
     wasi: WasiCtx,
@@ -45,6 +73,8 @@ pub struct RequestState {
     pub(crate) guest_telemetry: GuestTelemetry,
     /// The instance's resource limits and the host-wide memory budget, enforced by wasmtime.
     pub(crate) limits: crate::guest::InstanceLimiter,
+    /// The first thing that failed on the host's side, for the request's ERROR line.
+    pub(crate) host_fault: Arc<HostFault>,
     /// Whether the guest's spans and logs are recorded (not for the host's own health probes).
     pub(crate) telemetry_enabled: bool,
 }
@@ -78,6 +108,7 @@ impl RequestState {
             store_spans: 0,
             guest_telemetry: GuestTelemetry::default(),
             telemetry_enabled: true,
+            host_fault: Arc::default(),
             limits: crate::guest::InstanceLimiter::default(),
         }
     }

@@ -28,7 +28,7 @@ use crate::guest::Guest;
 use crate::instrument;
 use crate::metrics::{self, Metrics};
 use crate::request_body::{BodyBuffers, BodyError, GuestRequestBody, ReadBody, read_body};
-use crate::request_state::RequestState;
+use crate::request_state::{HostFault, RequestState};
 use crate::responses::{self, ResponseBody};
 use crate::routes::{self, MatchedRoute};
 use crate::stall::StallGuard;
@@ -105,8 +105,9 @@ impl App {
             request.headers(),
         );
         let matched_route = Arc::new(MatchedRoute::default());
+        let host_fault = Arc::new(HostFault::default());
         let mut response = self
-            .respond(request, &request_id, &span, &matched_route)
+            .respond(request, &request_id, &span, &matched_route, &host_fault)
             .instrument(span.clone())
             .await;
         response.headers_mut().insert(REQUEST_ID, request_id);
@@ -114,11 +115,13 @@ impl App {
         let status = response.status().as_u16();
         let (route, span_lacks_route) = matched_route.answer();
         instrument::record_answer(&span, &method, &route, span_lacks_route, status);
+        // One line per failed request, with its cause when the host knows it.
+        let cause = host_fault.take();
         span.in_scope(|| {
             if status >= 500 {
-                tracing::error!(status, "request failed");
+                tracing::error!(status, error = cause.as_deref(), "request failed");
             } else if status >= 400 {
-                tracing::warn!(status, "request refused");
+                tracing::warn!(status, error = cause.as_deref(), "request refused");
             }
         });
         self.metrics
@@ -132,6 +135,7 @@ impl App {
         request_id: &HeaderValue,
         span: &tracing::Span,
         matched_route: &Arc<MatchedRoute>,
+        host_fault: &Arc<HostFault>,
     ) -> Response<ResponseBody> {
         if !has_valid_host(request.headers()) {
             return responses::error(StatusCode::BAD_REQUEST, responses::BAD_HOST);
@@ -194,28 +198,27 @@ impl App {
                 .insert(header::HOST, HeaderValue::from_static("localhost"));
         }
         let request = Request::from_parts(parts, body);
-        let state = RequestState::new(
+        let mut state = RequestState::new(
             Arc::clone(&self.users),
             Some(Arc::clone(&self.metrics)),
             span.clone(),
             Arc::clone(matched_route),
         );
+        state.host_fault = Arc::clone(host_fault);
         let serving = self.serving_guest();
         // The guest changes with a swap: each request span says which one answered it.
         span.record("guest.version", serving.version.as_str());
         let response = match serving.guest.handle(state, request).await {
             Ok(response) => response,
-            Err(RequestError::Timeout) => {
-                tracing::error!("guest ran past the request deadline; answering 503");
-                responses::error(StatusCode::SERVICE_UNAVAILABLE, responses::TIMED_OUT)
-            }
-            Err(RequestError::Busy) => {
-                tracing::warn!("no guest instance slot came free; answering 503");
-                responses::error(StatusCode::SERVICE_UNAVAILABLE, responses::BUSY)
-            }
             Err(error) => {
-                tracing::error!(error = one_line(&error), "guest failed; answering 500");
-                responses::error(StatusCode::INTERNAL_SERVER_ERROR, responses::INTERNAL_ERROR)
+                let (status, message) = match error {
+                    RequestError::Timeout => (StatusCode::SERVICE_UNAVAILABLE, responses::TIMED_OUT),
+                    RequestError::Busy => (StatusCode::SERVICE_UNAVAILABLE, responses::BUSY),
+                    _ => (StatusCode::INTERNAL_SERVER_ERROR, responses::INTERNAL_ERROR),
+                };
+                // The request's log line says why (this error wins over any earlier fault).
+                host_fault.record_over(one_line(&error));
+                responses::error(status, message)
             }
         };
         if over_limit_read.load(Ordering::Acquire) {

@@ -223,9 +223,12 @@ impl RequestState {
         if let Some(Unavailable(reason)) = fault {
             span.record("otel.status_code", "ERROR");
             span.record("error.type", "unavailable");
+            // Not a line of its own: the request's one ERROR line carries the reason.
             span.in_scope(|| {
-                tracing::error!(operation = call.label(), reason, "user store call failed")
+                tracing::debug!(operation = call.label(), reason, "user store call failed")
             });
+            self.host_fault
+                .record(|| format!("user store call {} failed: {reason}", call.label()));
         }
         outcome
     }

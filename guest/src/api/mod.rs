@@ -117,10 +117,11 @@ fn log_rejection(telemetry: &impl Telemetry, operation: &str, error: ApiError) {
     telemetry.log(Level::Warn, &format!("{operation} rejected"), &attributes);
 }
 
-/// Logs that the store failed, at `error`: the service could not do its job.
+/// Logs that the store failed, at `warn`: the host writes the request's one ERROR line, with
+/// the store's own reason.
 fn log_store_failure(telemetry: &impl Telemetry, operation: &str) {
     let message = format!("{operation} failed: user store unavailable");
-    telemetry.log(Level::Error, &message, &[]);
+    telemetry.log(Level::Warn, &message, &[]);
 }
 
 /// The body of a `POST`, after the content-type (415) and JSON (400) checks.

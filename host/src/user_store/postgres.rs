@@ -207,6 +207,11 @@ impl PostgresStore {
                 || error.code().is_some_and(|code| {
                     code.code().starts_with("28") || *code == SqlState::INVALID_CATALOG_NAME
                 });
+            if error.code() == Some(&SqlState::INVALID_CATALOG_NAME) {
+                return Err(Error::StoreDatabaseMissing {
+                    target: store.target.to_string(),
+                });
+            }
             let remaining = settings.connect_wait.saturating_sub(started.elapsed());
             if hopeless || remaining.is_zero() {
                 return Err(Error::StoreUnreachable {
