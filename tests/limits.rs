@@ -31,7 +31,10 @@ async fn assert_still_serving(host: &Host) {
 #[tokio::test]
 async fn a_trapping_guest_gets_500_quickly() {
     // It fails its probe as it fails everything: loaded unprobed.
-    let host = Host::start_with(&guest_path("panicking-guest"), &[("GUEST_PROBE_PATH", "off")]);
+    let host = Host::start_with(
+        &guest_path("panicking-guest"),
+        &[("GUEST_PROBE_PATH", "off")],
+    );
     let started = Instant::now();
     let (status, body) = get(&host, "/api/health").await;
     assert_eq!(

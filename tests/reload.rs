@@ -213,7 +213,15 @@ fn a_guest_that_traps_on_its_probe_is_refused_at_start() {
     let start = |probe: &str| {
         let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_host"));
         command
-            .args(["--port", "0", "--bind", "127.0.0.1", "--probe-path", probe, "--guest"])
+            .args([
+                "--port",
+                "0",
+                "--bind",
+                "127.0.0.1",
+                "--probe-path",
+                probe,
+                "--guest",
+            ])
             .arg(guest_path("panicking-guest"));
         // A host that starts keeps running: killed at the limit, which is failure enough here.
         support::run_to_exit(command, Duration::from_secs(20))

@@ -45,7 +45,8 @@ fn a_bad_value_from_a_variable_is_named_by_the_variable_not_a_flag() {
     assert!(!output.status.success());
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(
-        stderr.contains("OTEL_EXPORTER_JAEGER_AGENT_PORT") && !stderr.contains("--jaeger-agent-port"),
+        stderr.contains("OTEL_EXPORTER_JAEGER_AGENT_PORT")
+            && !stderr.contains("--jaeger-agent-port"),
         "{stderr}"
     );
     // Typed as a flag, the flag is named.
@@ -125,7 +126,8 @@ async fn padded_and_empty_variables_follow_one_rule_and_spans_still_flow() {
     let started = host.wait_for_log(|line| line["exporter"] == "jaeger");
     assert_eq!(started["endpoint"], "udp://localhost:6831", "{started}");
     assert!(
-        host.log_lines_where(|line| line["level"] == "WARN").is_empty(),
+        host.log_lines_where(|line| line["level"] == "WARN")
+            .is_empty(),
         "{:?}",
         host.log_lines()
     );
@@ -147,7 +149,10 @@ async fn the_start_up_line_names_the_exporter_and_a_failing_export_is_one_warn_l
     let started = host.wait_for_log(|line| line["exporter"] == "otlp/http");
     assert_eq!(started["endpoint"], format!("{endpoint}/v1/traces"));
     for i in 0..20 {
-        assert_eq!(get_with_id(&host, "/api/health", &format!("r{i}")).await, 200);
+        assert_eq!(
+            get_with_id(&host, "/api/health", &format!("r{i}")).await,
+            200
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let warning = host.wait_for_log(|line| {
@@ -202,10 +207,8 @@ async fn a_request_whose_store_is_down_writes_one_error_line_naming_the_store() 
     );
     // The database goes away under the running host: every lookup now fails.
     let name = url.rsplit('/').next().unwrap();
-    support::postgres::Server::shared().psql(
-        "postgres",
-        &format!("DROP DATABASE {name} WITH (FORCE)"),
-    );
+    support::postgres::Server::shared()
+        .psql("postgres", &format!("DROP DATABASE {name} WITH (FORCE)"));
     let status = get_with_id(
         &host,
         "/api/users/00000000-0000-4000-8000-000000000000",
@@ -235,10 +238,7 @@ async fn a_restart_on_an_existing_database_logs_no_library_notice_and_no_build_p
     for host in [&first, &second] {
         for line in host.log_lines() {
             let object = line.as_object().unwrap();
-            assert!(
-                object.keys().all(|key| !key.starts_with("log.")),
-                "{line}"
-            );
+            assert!(object.keys().all(|key| !key.starts_with("log.")), "{line}");
             assert!(!line.to_string().contains("NOTICE"), "{line}");
         }
     }
@@ -248,8 +248,6 @@ async fn a_restart_on_an_existing_database_logs_no_library_notice_and_no_build_p
 fn a_database_that_does_not_exist_is_said_plainly_at_start() {
     let url = support::postgres::Server::shared().create_database();
     let missing = format!("{}_missing", url);
-    let output = run_host(&["--guest"], &[]);
-    drop(output);
     let mut command = Command::new(env!("CARGO_BIN_EXE_host"));
     command
         .args(["--bind", "127.0.0.1", "--port", "0", "--guest"])

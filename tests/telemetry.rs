@@ -16,7 +16,11 @@ use support::{Host, client, guest_path};
 fn host_exporting_to(agent: &Agent, guest: &str, service_name: &str, schedule_ms: &str) -> Host {
     let port = agent.port.to_string();
     // A guest that fails every request fails its probe too: it is loaded unprobed.
-    let probe = if guest == "panicking-guest" { "off" } else { "/api/health" };
+    let probe = if guest == "panicking-guest" {
+        "off"
+    } else {
+        "/api/health"
+    };
     Host::start_with(
         &guest_path(guest),
         &[

@@ -1,12 +1,12 @@
 //! The host's configuration: flags override environment variables, which override defaults.
 
-use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::ffi::OsString;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
 use std::time::Duration;
 
-use clap::{CommandFactory, Parser};
 use clap::builder::BoolishValueParser;
+use clap::{CommandFactory, Parser};
 
 use crate::error::Error;
 use crate::guest::ProbePath;
@@ -408,8 +408,9 @@ pub fn explain(error: clap::Error, args: &[OsString]) -> String {
     };
     let flags = Config::command();
     let Some(arg) = flags.get_arguments().find(|arg| {
-        arg.get_long()
-            .is_some_and(|long| flag.starts_with(&format!("--{long} ")) || *flag == format!("--{long}"))
+        arg.get_long().is_some_and(|long| {
+            flag.starts_with(&format!("--{long} ")) || *flag == format!("--{long}")
+        })
     }) else {
         return rendered;
     };
@@ -775,7 +776,10 @@ mod tests {
             assert!(help.contains(&variable), "--help does not list {variable}");
         }
         for variable in ["OTEL_SERVICE_NAME", "OTEL_BSP_MAX_QUEUE_SIZE", "RUST_LOG"] {
-            assert!(variables().iter().any(|listed| listed == variable), "{variable}");
+            assert!(
+                variables().iter().any(|listed| listed == variable),
+                "{variable}"
+            );
         }
     }
 }

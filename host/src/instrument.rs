@@ -171,7 +171,9 @@ fn warn_of_export_errors(error: opentelemetry::global::Error) {
     use std::sync::Mutex;
     use std::time::Instant;
     static LAST: Mutex<Option<(Instant, u64)>> = Mutex::new(None);
-    let mut last = LAST.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let mut last = LAST
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
     match &mut *last {
         Some((said, unsaid)) if said.elapsed() < EXPORT_WARNING_INTERVAL => *unsaid += 1,
         _ => {

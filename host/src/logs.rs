@@ -239,10 +239,7 @@ mod tests {
         });
         let line = &lines[0];
         assert_eq!(line["target"], "tokio_postgres::connection");
-        assert!(
-            line.keys().all(|key| !key.starts_with("log.")),
-            "{line:?}"
-        );
+        assert!(line.keys().all(|key| !key.starts_with("log.")), "{line:?}");
     }
 
     #[test]

@@ -562,9 +562,16 @@ mod tests {
 
     #[test]
     fn a_value_with_a_percent_that_starts_no_escape_is_refused_without_echoing_it() {
-        for list in ["api-key=top%ZZsecret", "api-key=secret%", "api-key=secret%4"] {
+        for list in [
+            "api-key=top%ZZsecret",
+            "api-key=secret%",
+            "api-key=secret%4",
+        ] {
             let error = key_value_list(OTLP_HEADERS, list).unwrap_err().to_string();
-            assert!(error.contains(OTLP_HEADERS) && error.contains("%25"), "{error}");
+            assert!(
+                error.contains(OTLP_HEADERS) && error.contains("%25"),
+                "{error}"
+            );
             assert!(!error.contains("secret"), "{error}");
         }
         assert!(key_value_list(OTLP_HEADERS, "a=100%25").is_ok());

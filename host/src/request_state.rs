@@ -30,7 +30,10 @@ pub struct HostFault(std::sync::Mutex<Option<String>>);
 impl HostFault {
     /// Records `cause`, unless an earlier one is recorded: the first fault explains the rest.
     pub fn record(&self, cause: impl FnOnce() -> String) {
-        let mut recorded = self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut recorded = self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         if recorded.is_none() {
             *recorded = Some(cause());
         }
@@ -38,7 +41,10 @@ impl HostFault {
 
     /// Records `cause` in place of any earlier one: the fault that decided the answer.
     pub fn record_over(&self, cause: String) {
-        *self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(cause);
+        *self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(cause);
     }
 
     /// The recorded cause, if any.

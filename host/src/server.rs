@@ -163,6 +163,8 @@ impl App {
         let (body, reservation) = match read {
             Ok(read) => read,
             Err(BodyError::NoRoom) => {
+                host_fault
+                    .record_over("the request bodies held host-wide fill their budget".into());
                 // The rest of the body is still on the connection.
                 return closing(responses::error(
                     StatusCode::SERVICE_UNAVAILABLE,
@@ -212,7 +214,9 @@ impl App {
             Ok(response) => response,
             Err(error) => {
                 let (status, message) = match error {
-                    RequestError::Timeout => (StatusCode::SERVICE_UNAVAILABLE, responses::TIMED_OUT),
+                    RequestError::Timeout => {
+                        (StatusCode::SERVICE_UNAVAILABLE, responses::TIMED_OUT)
+                    }
                     RequestError::Busy => (StatusCode::SERVICE_UNAVAILABLE, responses::BUSY),
                     _ => (StatusCode::INTERNAL_SERVER_ERROR, responses::INTERNAL_ERROR),
                 };
