@@ -503,7 +503,6 @@ fn store_setting(text: &str) -> Result<StoreSetting, std::convert::Infallible> {
     Ok(StoreSetting(text.to_string()))
 }
 
-/// `target/guest-cache` under the workspace root this host was built in.
 /// Half the memory this process may use: guests may use much of it, and never all of it.
 fn default_memory_budget() -> usize {
     machine_memory() / 2
@@ -544,6 +543,7 @@ fn cgroup_memory_limit() -> Option<usize> {
     })
 }
 
+/// `target/guest-cache` under the workspace root this host was built in.
 fn default_cache_dir() -> PathBuf {
     workspace_root().join("target/guest-cache")
 }

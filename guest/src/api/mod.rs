@@ -299,8 +299,12 @@ mod tests {
             } else {
                 assert_error(&response, 503, "User store unavailable");
             }
+            // At warn: the host writes the request's one ERROR line, with the store's reason.
             assert!(
-                events.iter().any(|event| event.starts_with("Error ")),
+                events
+                    .iter()
+                    .any(|event| event.starts_with("Warn ")
+                        && event.contains("user store unavailable")),
                 "{method} {target}: {events:?}"
             );
         }
