@@ -102,7 +102,12 @@ impl Mapping {
     /// `MADV_DONTNEED`: a page the kernel swapped out is not resident, yet still holds the last
     /// user's data in swap, and `MADV_DONTNEED` drops that copy too. So correctness never rests
     /// on the residency scan; the scan only decides which pages are cheaper to keep.
+    ///
+    /// One shortcut: while the machine has no swap at all (checked before and after the scan),
+    /// an anonymous page that is not resident has never been touched and already reads as zero,
+    /// so those pages within the kept bytes are left alone, sparing a system call per request.
     fn reset(&self, range: Range<usize>, keep_resident: usize) {
+        let swap_before = swap_configured();
         let page = page_size();
         let start = range.start / page * page;
         let end = (range.end.min(self.len).div_ceil(page) * page).max(start);
@@ -120,6 +125,7 @@ impl Mapping {
             self.give_back(start..end);
             return;
         }
+        let may_be_swapped = swap_before || swap_configured();
         // Pages not resident are given back in runs, each run with one call.
         let mut run_start = None;
         for (index, state) in resident.iter().enumerate() {
@@ -130,7 +136,7 @@ impl Mapping {
                 }
                 // SAFETY: this page lies inside the mapping, and no instance uses it now.
                 unsafe { std::ptr::write_bytes(self.ptr().add(offset), 0, page) };
-            } else {
+            } else if may_be_swapped {
                 run_start.get_or_insert(offset);
             }
         }
@@ -165,6 +171,17 @@ impl Drop for Mapping {
         // SAFETY: this mapping was made by `Mapping::new` and nothing refers to it any more.
         unsafe { libc::munmap(self.ptr().cast(), self.len) };
     }
+}
+
+/// Whether the machine has any swap space (a swap file or device, zswap's included), in which
+/// case an anonymous page may be out of memory yet hold data.
+fn swap_configured() -> bool {
+    // SAFETY: `info` is a valid `sysinfo` to write into.
+    let mut info: libc::sysinfo = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    let known = unsafe { libc::sysinfo(&mut info) } == 0;
+    // Unknown counts as configured: the slow path is always correct.
+    !known || info.totalswap > 0
 }
 
 fn page_size() -> usize {
