@@ -8,17 +8,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 use support::jaeger::Agent;
-use support::{Host, client, guest_path, raw_request};
-
-fn hostile_host(env: &[(&str, &str)]) -> Host {
-    Host::start_with(&guest_path("hostile-guest"), env)
-}
-
-async fn get(host: &Host, path: &str) -> (u16, Value) {
-    let response = client().get(host.url(path)).send().await.unwrap();
-    let status = response.status().as_u16();
-    (status, response.json().await.unwrap_or(Value::Null))
-}
+use support::{Host, client, get, guest_path, hostile_host, raw_request};
 
 async fn assert_still_serving(host: &Host) {
     assert_eq!(

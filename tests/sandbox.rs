@@ -9,18 +9,8 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use serde_json::{Value, json};
-use support::{Host, client, guest_path};
-
-fn hostile_host(env: &[(&str, &str)]) -> Host {
-    Host::start_with(&guest_path("hostile-guest"), env)
-}
-
-async fn get(host: &Host, path: &str) -> (u16, Value) {
-    let response = client().get(host.url(path)).send().await.unwrap();
-    let status = response.status().as_u16();
-    (status, response.json().await.unwrap_or(Value::Null))
-}
+use serde_json::json;
+use support::{Host, client, get, guest_path, hostile_host};
 
 /// A swap file switched on and a memory cgroup of the test's own, both undone when dropped
 /// (a panicking test included).

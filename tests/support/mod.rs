@@ -150,6 +150,21 @@ pub fn guest_path(crate_name: &str) -> PathBuf {
     path
 }
 
+/// The host serving `fixtures/hostile-guest`, with extra environment variables.
+pub fn hostile_host(env: &[(&str, &str)]) -> Host {
+    Host::start_with(&guest_path("hostile-guest"), env)
+}
+
+/// `GET path`: the status and the JSON body (`null` when the body is not JSON).
+pub async fn get(host: &Host, path: &str) -> (u16, serde_json::Value) {
+    let response = client().get(host.url(path)).send().await.unwrap();
+    let status = response.status().as_u16();
+    (
+        status,
+        response.json().await.unwrap_or(serde_json::Value::Null),
+    )
+}
+
 /// A running host process, killed when dropped.
 pub struct Host {
     child: Child,
