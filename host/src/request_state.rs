@@ -79,8 +79,9 @@ pub struct RequestState {
     pub(crate) guest_telemetry: GuestTelemetry,
     /// The instance's resource limits and the host-wide memory budget, enforced by wasmtime.
     pub(crate) limits: crate::guest::InstanceLimiter,
-    /// The first thing that failed on the host's side, for the request's ERROR line.
-    pub(crate) host_fault: Arc<HostFault>,
+    /// Where the first thing that failed on the host's side goes, for the request's ERROR
+    /// line; `None` for requests the host sends itself.
+    pub(crate) host_fault: Option<Arc<HostFault>>,
     /// Whether the guest's spans and logs are recorded (not for the host's own health probes).
     pub(crate) telemetry_enabled: bool,
 }
@@ -114,7 +115,7 @@ impl RequestState {
             store_spans: 0,
             guest_telemetry: GuestTelemetry::default(),
             telemetry_enabled: true,
-            host_fault: Arc::default(),
+            host_fault: None,
             limits: crate::guest::InstanceLimiter::default(),
         }
     }

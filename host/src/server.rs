@@ -206,7 +206,7 @@ impl App {
             span.clone(),
             Arc::clone(matched_route),
         );
-        state.host_fault = Arc::clone(host_fault);
+        state.host_fault = Some(Arc::clone(host_fault));
         let serving = self.serving_guest();
         // The guest changes with a swap: each request span says which one answered it.
         span.record("guest.version", serving.version.as_str());

@@ -227,8 +227,9 @@ impl RequestState {
             span.in_scope(|| {
                 tracing::debug!(operation = call.label(), reason, "user store call failed")
             });
-            self.host_fault
-                .record(|| format!("user store call {} failed: {reason}", call.label()));
+            if let Some(fault) = &self.host_fault {
+                fault.record(|| format!("user store call {} failed: {reason}", call.label()));
+            }
         }
         outcome
     }
