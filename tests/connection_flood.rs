@@ -157,7 +157,7 @@ async fn a_new_client_is_served_while_a_thousand_half_heads_and_a_thousand_half_
     // hyper's head timeout, then closed; a stalled body gets its 408, then closed.
     assert_closed_within(
         &heads,
-        host::server::HEADER_READ_TIMEOUT + Duration::from_secs(5),
+        host::edge::server::HEADER_READ_TIMEOUT + Duration::from_secs(5),
         "half-head",
     );
     assert_closed_within(&bodies, BODY_TIMEOUT + Duration::from_secs(5), "half-body");
@@ -183,7 +183,7 @@ async fn with_a_full_table_slow_connections_give_way_to_new_clients() {
     let (heads, bodies) = flood(&host).await;
     assert_closed_within(
         &heads,
-        host::server::HEADER_READ_TIMEOUT + Duration::from_secs(5),
+        host::edge::server::HEADER_READ_TIMEOUT + Duration::from_secs(5),
         "half-head",
     );
     assert_closed_within(&bodies, BODY_TIMEOUT + Duration::from_secs(5), "half-body");

@@ -7,9 +7,10 @@ mod support;
 use std::sync::Arc;
 use std::time::Duration;
 
-use host::cache::ComponentCache;
-use host::guest::{GuestLimits, ProbePath, Runtime};
-use host::server::{self, App, ClientLimits, ServingGuest};
+use host::edge::server::{self, App, ClientLimits};
+use host::observability::metrics::Metrics;
+use host::runtime::cache::ComponentCache;
+use host::runtime::{GuestLimits, ProbePath, Runtime, Serving, ServingGuest};
 use host::user_store::UserStore;
 use serde_json::{Value, json};
 use support::{client, create_with, guest_path, tempdir};
@@ -33,8 +34,9 @@ impl InProcess {
             .expect("the wasm runtime starts");
         let guest = load(&runtime, "guest").await;
         let app = Arc::new(App::new(
-            guest,
+            Arc::new(Serving::new(guest)),
             Arc::new(UserStore::memory(1_000)),
+            Arc::new(Metrics::new()),
             ClientLimits {
                 max_body_bytes: 1 << 20,
                 body_timeout: Duration::from_secs(10),
@@ -111,12 +113,12 @@ async fn a_swapped_guest_answers_the_next_request_and_the_store_is_kept() {
     assert_eq!(health_version(&server).await, json!("0.1.0"));
 
     let minimal = load(&server.runtime, "minimal-guest").await;
-    let replaced = server.app.swap_guest(minimal);
+    let replaced = server.app.serving().swap(minimal);
     assert_eq!(replaced.version, "0.1.0");
     assert_eq!(health_version(&server).await, json!("2.0.0"));
 
     let real = load(&server.runtime, "guest").await;
-    server.app.swap_guest(real);
+    server.app.serving().swap(real);
     let users: Value = client()
         .get(server.url("/api/users"))
         .send()

@@ -530,7 +530,7 @@ async fn a_client_that_never_reads_its_answers_loses_its_connection() {
     let _ = tokio::time::timeout(Duration::from_secs(2), writer.write_all(&requests)).await;
     // Past the host's write stall time (10 s) the connection is closed: reading now finds an
     // end long before the thousandth answer.
-    tokio::time::sleep(host::server::WRITE_STALL_TIMEOUT + Duration::from_secs(2)).await;
+    tokio::time::sleep(host::edge::server::WRITE_STALL_TIMEOUT + Duration::from_secs(2)).await;
     let mut answers = Vec::new();
     let read =
         tokio::time::timeout(Duration::from_secs(20), reader.read_to_end(&mut answers)).await;

@@ -274,7 +274,7 @@ async fn a_burst_of_instances_gives_its_memory_back_once_idle() {
         after_burst >> 20
     );
     // Two trim periods with no request: every region mapped for the burst is unmapped.
-    let period = host::guest::POOL_TRIM_PERIOD;
+    let period = host::runtime::pool::POOL_TRIM_PERIOD;
     let deadline = Instant::now() + period * 3 + Duration::from_secs(2);
     while host.resident_bytes() > idle + (12 << 20) {
         assert!(

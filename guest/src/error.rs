@@ -1,6 +1,6 @@
 //! The guest's one error type: every way a request can fail, with its status and message.
 
-use crate::fibonacci::MAX_N;
+use crate::limits::{MAX_N, MAX_NAME_CHARS};
 
 /// A request the API refuses. Each variant knows its HTTP status and its client-facing message;
 /// messages never echo client input.
@@ -73,10 +73,7 @@ impl ApiError {
             ApiError::MissingField(field) => format!("Missing required field: {field}"),
             ApiError::NotAString(field) => format!("Field '{field}' must be a string"),
             ApiError::InvalidName => {
-                format!(
-                    "Field 'name' must be 1 to {} characters",
-                    crate::validation::MAX_NAME_CHARS
-                )
+                format!("Field 'name' must be 1 to {MAX_NAME_CHARS} characters")
             }
             ApiError::InvalidEmail => "Invalid email format".into(),
             ApiError::NotAnInteger(field) => format!("Field '{field}' must be an integer"),

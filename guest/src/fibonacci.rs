@@ -1,8 +1,5 @@
 //! The Fibonacci computation behind `POST /api/compute`.
 
-/// The largest `n` the API accepts: F(35) already takes tens of milliseconds on purpose.
-pub const MAX_N: u32 = 35;
-
 /// F(n) by the naive doubly recursive definition, F(0) = 0 and F(1) = 1.
 ///
 /// The exponential cost is the point: the endpoint exists to produce CPU-bound work of a

@@ -7,6 +7,7 @@
 //! - [`routes`]: which paths exist and which methods each allows;
 //! - [`validation`]: the contract's rules for request bodies;
 //! - [`fibonacci`]: the deliberately naive computation;
+//! - [`limits`]: the contract's limits on client input, stated once;
 //! - [`error`]: the one error type, each variant with its status and message;
 //! - [`response`]: the one place that builds responses, error bodies included;
 //! - [`ports`]: what the logic needs from its host (the user store, a clock).
@@ -18,6 +19,7 @@
 pub mod api;
 pub mod error;
 pub mod fibonacci;
+pub mod limits;
 pub mod ports;
 pub mod response;
 pub mod routes;

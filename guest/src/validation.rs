@@ -3,12 +3,7 @@
 use serde_json::{Map, Value};
 
 use crate::error::ApiError;
-use crate::fibonacci::MAX_N;
-
-/// The longest accepted `name`, in characters after trimming.
-pub const MAX_NAME_CHARS: usize = 200;
-/// The longest accepted `email`, in characters.
-pub const MAX_EMAIL_CHARS: usize = 254;
+use crate::limits::{MAX_EMAIL_CHARS, MAX_N, MAX_NAME_CHARS};
 
 /// A validated `POST /api/users` body.
 #[derive(Debug, Clone, PartialEq, Eq)]

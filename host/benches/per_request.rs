@@ -13,15 +13,15 @@ use std::time::Instant;
 
 use bytes::Bytes;
 use criterion::{Criterion, criterion_group};
-use host::cache::ComponentCache;
-use host::guest::{Guest, GuestLimits, Runtime};
-use host::request_body::GuestRequestBody;
-use host::request_state::RequestState;
+use host::edge::request_body::GuestRequestBody;
+use host::runtime::cache::ComponentCache;
+use host::runtime::store::RequestContext;
+use host::runtime::{Guest, GuestLimits, Runtime};
 use host::user_store::UserStore;
 use http_body_util::BodyExt;
 
 fn component(crate_name: &str) -> PathBuf {
-    let path = host::config::built_component(crate_name);
+    let path = host::runtime::built::built_component(crate_name);
     assert!(
         path.exists(),
         "{} is missing: run `make build` first",
@@ -42,9 +42,9 @@ async fn call(
     users: &Arc<UserStore>,
     request: http::Request<GuestRequestBody>,
 ) -> Bytes {
-    let state = RequestState::quiet(Arc::clone(users));
+    let context = RequestContext::quiet(Arc::clone(users));
     let response = guest
-        .handle(state, request)
+        .handle(context, request)
         .await
         .expect("the guest answers");
     response

@@ -32,7 +32,7 @@ pub enum Error {
         path: PathBuf,
         /// Which rule it breaks.
         #[source]
-        source: crate::guest::Refusal,
+        source: Refusal,
     },
     /// The new guest did not answer its probe request 200 in time.
     #[error("probe GET {path} answered {status}")]
@@ -137,6 +137,63 @@ pub fn one_line(error: &(dyn std::error::Error + 'static)) -> String {
         source = cause.source();
     }
     text.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+/// Why a component is refused before it is linked.
+#[derive(Debug, thiserror::Error)]
+pub enum Refusal {
+    /// A canonical function passes strings to the host in UTF-16 or latin1+UTF-16. wasmtime
+    /// would transcode each such string into a new host `String` before the host's length
+    /// checks see it: a 64-byte id could cost up to twice the guest's memory per call. With
+    /// UTF-8 the host reads a string where it lies, and only when its quota allows.
+    #[error(
+        "it passes strings to the host as {encoding} (canonical function {index}); this host \
+         accepts only UTF-8 strings from a guest"
+    )]
+    StringEncoding {
+        /// `UTF-16` or `latin1+UTF-16`.
+        encoding: &'static str,
+        /// The index of the offending canonical function, in the order they are declared.
+        index: usize,
+    },
+    /// The binary, which wasmtime accepted, could not be read through to its end here: nothing
+    /// unread is trusted.
+    #[error("its canonical functions could not be read: {0}")]
+    Unreadable(#[from] wasmparser::BinaryReaderError),
+}
+
+/// What went wrong on the host's side of one request (a store call that failed), shared with
+/// the server, whose one ERROR line for the request carries it.
+#[derive(Debug, Default)]
+pub struct HostFault(std::sync::Mutex<Option<String>>);
+
+impl HostFault {
+    /// Records `cause`, unless an earlier one is recorded: the first fault explains the rest.
+    pub fn record(&self, cause: impl FnOnce() -> String) {
+        let mut recorded = self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if recorded.is_none() {
+            *recorded = Some(cause());
+        }
+    }
+
+    /// Records `cause` in place of any earlier one: the fault that decided the answer.
+    pub fn record_over(&self, cause: String) {
+        *self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(cause);
+    }
+
+    /// The recorded cause, if any.
+    pub fn take(&self) -> Option<String> {
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take()
+    }
 }
 
 #[cfg(test)]

@@ -5,13 +5,13 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::Context;
-use clap::Parser;
-use host::cache::ComponentCache;
 use host::config::{self, Config};
-use host::guest::Runtime;
-use host::instrument;
-use host::reload::Reloader;
-use host::server::{self, App, ServingGuest};
+use host::edge::server::{self, App};
+use host::observability::metrics::Metrics;
+use host::observability::pipeline;
+use host::runtime::cache::ComponentCache;
+use host::runtime::reload::Reloader;
+use host::runtime::{Runtime, Serving, ServingGuest};
 use host::user_store::UserStore;
 use tokio::net::TcpListener;
 
@@ -26,16 +26,18 @@ const EVENT_INTERVAL: u32 = 4;
 
 fn main() -> ExitCode {
     // SAFETY: first thing in `main`, before any other thread exists.
-    unsafe { config::normalize_environment() };
-    let args = config::normalized_args(std::env::args_os());
-    let config = match Config::try_parse_from(&args) {
+    unsafe { config::normalize_environment_for_exporters() };
+    let config = match Config::read(std::env::args_os(), |name| std::env::var_os(name)) {
         Ok(config) => config,
-        // `--help` and `--version` print to stdout and exit 0.
-        Err(error) if !error.use_stderr() => error.exit(),
-        Err(error) => {
+        Err(not_read) if not_read.is_error => {
             // An error names what the user set: the variable when the value came from one.
-            eprint!("{}", config::explain(error, &args));
+            eprint!("{}", not_read.message);
             return ExitCode::from(2);
+        }
+        // `--help` and `--version`.
+        Err(not_read) => {
+            print!("{}", not_read.message);
+            return ExitCode::SUCCESS;
         }
     };
     let telemetry_settings = match config.telemetry() {
@@ -54,8 +56,7 @@ fn main() -> ExitCode {
         .build()
         .expect("starting the tokio runtime");
     // The exporter's batch task lives in the runtime, so telemetry starts inside it.
-    let telemetry =
-        runtime.block_on(async { instrument::init(&config.log_file, &telemetry_settings) });
+    let telemetry = runtime.block_on(async { pipeline::init(&telemetry_settings) });
     let outcome = runtime.block_on(run(config));
     // Flush spans and logs from this (blocking) thread while the runtime still runs the
     // exporter's task; then let the runtime go.
@@ -73,53 +74,58 @@ fn main() -> ExitCode {
 }
 
 async fn run(config: Config) -> anyhow::Result<()> {
-    let cache = ComponentCache::new(&config.cache_dir);
-    let runtime = Arc::new(Runtime::new(cache, config.guest_limits())?);
+    let cache = ComponentCache::new(&config.runtime.cache_dir);
+    let runtime = Arc::new(Runtime::new(cache, config.runtime.limits())?);
     let loading = Instant::now();
-    let (guest, cache) = runtime.load(&config.guest)?;
+    let (guest, cache) = runtime.load(&config.runtime.guest)?;
     // Start and reload follow one rule: a guest serves only once it has answered its probe 200
     // (`--probe-path off` loads one without a probe).
     let version = guest
-        .probe_version(&config.probe_path)
+        .probe_version(&config.runtime.probe_path)
         .await
         .with_context(|| {
             format!(
                 "guest component {} failed its probe; fix it, or start with --probe-path off",
-                config.guest.display()
+                config.runtime.guest.display()
             )
         })?;
     tracing::info!(
-        guest = %config.guest.display(),
+        guest = %config.runtime.guest.display(),
         version,
         cache = cache.as_str(),
         load_ms = loading.elapsed().as_millis() as u64,
         "guest loaded"
     );
-    let users = Arc::new(UserStore::open(config.store_choice()?, config.max_users).await?);
+    let users = Arc::new(UserStore::open(config.store_choice()?, config.users.max_users).await?);
     tracing::info!(
         store = users.kind(),
-        max_users = config.max_users,
+        max_users = config.users.max_users,
         "user store ready"
     );
+    let serving = Arc::new(Serving::new(ServingGuest { guest, version }));
+    let metrics = Arc::new(Metrics::new());
     let app = Arc::new(App::new(
-        ServingGuest { guest, version },
+        Arc::clone(&serving),
         users,
-        config.client_limits(),
+        Arc::clone(&metrics),
+        config.edge.client_limits(),
     ));
 
     let reloader = Arc::new(Reloader::new(
         runtime,
-        Arc::clone(&app),
-        config.guest.clone(),
-        config.probe_path.clone(),
+        serving,
+        metrics,
+        config.runtime.guest.clone(),
+        config.runtime.probe_path.clone(),
     ));
     Arc::clone(&reloader).reload_on_sighup();
     let _watcher = config
+        .runtime
         .watch
         .then(|| reloader.watch().context("cannot watch the guest file"))
         .transpose()?;
 
-    let addr = config.listen_addr();
+    let addr = config.edge.listen_addr();
     let listener = TcpListener::bind(addr)
         .await
         .with_context(|| format!("cannot listen on {addr}"))?;

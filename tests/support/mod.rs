@@ -141,7 +141,7 @@ macro_rules! on_every_store {
 
 /// The path of a guest component built by `make build` (`guest`, or a fixture's crate name).
 pub fn guest_path(crate_name: &str) -> PathBuf {
-    let path = host::config::built_component(crate_name);
+    let path = host::runtime::built::built_component(crate_name);
     assert!(
         path.exists(),
         "{} is missing: run `make build` first",

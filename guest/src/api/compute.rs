@@ -2,7 +2,7 @@
 
 use serde::Serialize;
 
-use super::{Ports, Request, json_body, log_rejection};
+use crate::api::exchange::{Ports, Request, json_body, log_rejection};
 use crate::error::ApiError;
 use crate::fibonacci;
 use crate::ports::{Clock, Level, Span, Telemetry, UserStore, Value};

@@ -6,7 +6,9 @@ use std::cell::{Cell, RefCell};
 use serde_json::{Value, json};
 
 use super::*;
-use crate::ports::{Attribute, Clock, CreateError, Span, Telemetry, Unavailable, User, UserStore};
+use crate::ports::{
+    Attribute, Clock, CreateError, Level, Span, Telemetry, Unavailable, User, UserStore,
+};
 use crate::response::{BodyWriter, Responder, Response};
 
 /// An in-memory store with the host's rules: creation order, case-insensitive e-mails, a cap.

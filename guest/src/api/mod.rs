@@ -1,39 +1,23 @@
 //! The API: one function from request to response, in the contract's order of checks. Routing
-//! and the checks every endpoint shares live here; each endpoint in a module of its own.
+//! lives here; what every endpoint shares in `exchange`; each endpoint in a module of its own.
 
 mod compute;
+mod exchange;
 #[cfg(test)]
 mod fakes;
 mod health;
 mod users;
+
+pub use exchange::{LIST_PAGE_SIZE, Ports, Request};
 
 use compute::compute;
 use health::health;
 use users::{create_user, get_user, list_users};
 
 use crate::error::ApiError;
-use crate::ports::{Clock, Level, Telemetry, UserStore, Value};
+use crate::ports::{Clock, Telemetry, UserStore};
 use crate::response::{Responder, Response};
 use crate::routes::Route;
-use crate::validation;
-
-/// Users read from the store per call while a list is streamed: bounds the memory a list takes
-/// in the guest and in the host, whatever the number of users.
-pub const LIST_PAGE_SIZE: u32 = 256;
-
-/// What the logic needs of an HTTP request.
-#[derive(Debug, Clone, Copy)]
-pub struct Request<'a> {
-    /// The method, upper case as sent (methods are case-sensitive).
-    pub method: &'a str,
-    /// The path, possibly followed by `?query`.
-    pub target: &'a str,
-    /// The `Content-Type` header, if any.
-    pub content_type: Option<&'a str>,
-    /// The whole body (the host has already bounded its size); empty unless the request
-    /// [`reaches_endpoint`].
-    pub body: &'a [u8],
-}
 
 /// Whether a request reaches an endpoint (its path is known and allows its method), and so
 /// whether its body is read: 404 and 405 are answered without reading it.
@@ -70,16 +54,6 @@ pub fn unreadable_body(target: &str, telemetry: &impl Telemetry, responder: impl
     Response::from(ApiError::UnreadableBody).send(responder);
 }
 
-/// What the logic reaches outside itself: the user store, a clock and telemetry.
-pub struct Ports<'a, S, C, T> {
-    /// The host's user store.
-    pub store: &'a S,
-    /// A monotonic clock.
-    pub clock: &'a C,
-    /// Spans and log events.
-    pub telemetry: &'a T,
-}
-
 /// The route of a request whose path exists and whose method that path allows. A known path
 /// names its template to the host, whatever the method.
 fn endpoint<'a>(request: &Request<'a>, telemetry: &impl Telemetry) -> Result<Route<'a>, ApiError> {
@@ -103,35 +77,6 @@ fn answer<S: UserStore, C: Clock, T: Telemetry>(
         Route::User(id) => get_user(id, ports),
         Route::Compute => compute(request, ports),
     }
-}
-
-/// Logs why a request body was refused, at `warn`: the client's mistake, not the service's.
-fn log_rejection(telemetry: &impl Telemetry, operation: &str, error: ApiError) {
-    let attributes = [
-        ("error", Value::from(error.message().as_str())),
-        (
-            "http.response.status_code",
-            Value::Integer(error.status().into()),
-        ),
-    ];
-    telemetry.log(Level::Warn, &format!("{operation} rejected"), &attributes);
-}
-
-/// Logs that the store failed, at `warn`: the host writes the request's one ERROR line, with
-/// the store's own reason.
-fn log_store_failure(telemetry: &impl Telemetry, operation: &str) {
-    let message = format!("{operation} failed: user store unavailable");
-    telemetry.log(Level::Warn, &message, &[]);
-}
-
-/// The body of a `POST`, after the content-type (415) and JSON (400) checks.
-fn json_body(
-    request: &Request<'_>,
-) -> Result<serde_json::Map<String, serde_json::Value>, ApiError> {
-    if !validation::is_json_content_type(request.content_type) {
-        return Err(ApiError::UnsupportedMediaType);
-    }
-    validation::json_object(request.body)
 }
 
 #[cfg(test)]

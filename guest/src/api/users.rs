@@ -1,6 +1,8 @@
 //! The users: listed (streamed a page at a time), looked up by id, created.
 
-use super::{LIST_PAGE_SIZE, Ports, Request, json_body, log_rejection, log_store_failure};
+use crate::api::exchange::{
+    LIST_PAGE_SIZE, Ports, Request, json_body, log_rejection, log_store_failure,
+};
 use crate::error::ApiError;
 use crate::ports::{Clock, CreateError, Level, Span, Telemetry, Unavailable, UserStore, Value};
 use crate::response::{BodyWriter, Responder, Response, json_headers};

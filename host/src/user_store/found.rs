@@ -9,7 +9,7 @@ use std::sync::{PoisonError, RwLock};
 
 use uuid::Uuid;
 
-use super::User;
+use crate::user_store::user::User;
 
 /// Bytes counted per entry beyond its name and e-mail: the id, the map's slot, the strings'
 /// headers.

@@ -6,7 +6,7 @@ use std::sync::{PoisonError, RwLock, RwLockReadGuard};
 
 use uuid::Uuid;
 
-use super::{CreateError, User};
+use crate::user_store::user::{CreateError, User, email_key};
 
 /// A thread-safe, in-memory, append-only user store with a capacity.
 #[derive(Debug)]
@@ -65,7 +65,7 @@ impl MemoryStore {
     /// capacity.
     pub fn create(&self, user: User) -> Result<User, CreateError> {
         let mut users = self.inner.write().unwrap_or_else(PoisonError::into_inner);
-        let email_key = super::email_key(&user.email);
+        let email_key = email_key(&user.email);
         if users.email_keys.contains(&email_key) {
             return Err(CreateError::DuplicateEmail);
         }

@@ -13,9 +13,9 @@ use tokio_postgres::error::SqlState;
 use tokio_postgres::{NoTls, Row};
 use uuid::Uuid;
 
-use super::found::FoundUsers;
-use super::{CreateError, Unavailable, User, email_key};
 use crate::error::{Error, one_line};
+use crate::user_store::found::FoundUsers;
+use crate::user_store::user::{CreateError, Unavailable, User, email_key};
 
 /// The migrations, in order; each runs once per database, inside the start-up transaction.
 const MIGRATIONS: &[(i32, &str)] = &[(1, include_str!("../../migrations/0001_users.sql"))];
@@ -294,7 +294,7 @@ impl PostgresStore {
             .map(|port| (self.target.host.as_str(), port))
     }
 
-    /// See [`super::UserStore::list_page`].
+    /// See `UserStore::list_page`.
     pub async fn list_page(
         &self,
         after: Option<Uuid>,
@@ -326,7 +326,7 @@ impl PostgresStore {
         .await
     }
 
-    /// See [`super::UserStore::get`].
+    /// See `UserStore::get`.
     /// A user this host has seen before is served from memory (users never change); any other
     /// id, a miss included, asks the database, which another replica may have written since.
     pub async fn get(&self, id: Uuid) -> Result<Option<User>, Unavailable> {

@@ -2,19 +2,19 @@
 //! the memory and stack pools, the stores' limits and the slot budgets from the flags.
 //!
 //! The rule it keeps: whoever holds an instance slot always finds a memory region and a stack
-//! in the pools. Every live instance holds a slot ([`super::slots`]), a store gives its regions
-//! and stacks back before its slot ([`super::Guest::handle`]), and the pools hold enough for
+//! in the pools. Every live instance holds a slot ([`crate::runtime::slots`]), a store gives its regions
+//! and stacks back before its slot (`Guest::handle`), and the pools hold enough for
 //! every slot ([`GuestCapacity::regions`], [`GuestCapacity::stacks`]). So a request beyond the
 //! slots waits for one, then gets 503; it never finds the pools empty (a 500).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
 
 use wasmtime::{ResourceLimiter, StoreLimits, StoreLimitsBuilder};
 
-use super::pool::{BudgetSpent, MemoryBudget, MemoryPool, StackPool};
-use super::runtime::GuestLimits;
-use super::slots::InstanceSlots;
+use crate::runtime::pool::{BudgetSpent, MemoryBudget, MemoryPool, StackPool};
+use crate::runtime::slots::InstanceSlots;
 
 /// Upper bounds per component (per store, by its limiter): a Rust `wasm32-wasip2`
 /// component has one memory, a few tables and a handful of core instances (its module and the
@@ -31,6 +31,25 @@ const TABLE_ELEMENTS: usize = 20_000;
 const STACKS_PER_INSTANCE: usize = 2;
 /// Each instance's async stack: the host calls it makes run on it too (wasmtime's default).
 pub const GUEST_STACK_BYTES: usize = 2 << 20;
+
+/// What one guest instance may use.
+#[derive(Debug, Clone, Copy)]
+pub struct GuestLimits {
+    /// Wall-clock time one request may run inside the guest.
+    pub request_timeout: Duration,
+    /// Linear memory one instance may grow to.
+    pub memory_bytes: usize,
+    /// Linear memory all instances together may grow to; past it a `memory.grow` fails and an
+    /// instance that cannot start is answered 503.
+    pub memory_budget_bytes: usize,
+    /// Instances working towards their response head at once (a reload's health probe counts
+    /// as one).
+    pub max_instances: u32,
+    /// Instances beyond those that have sent their head and stream the rest of the body, so
+    /// clients that read slowly do not hold the slots new requests need. The memory and stack
+    /// pools hold enough for every slot ([`GuestCapacity`]).
+    pub max_streaming: u32,
+}
 
 /// The pools, budget and slots sized for one set of [`GuestLimits`].
 pub struct GuestCapacity {

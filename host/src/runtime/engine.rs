@@ -9,13 +9,13 @@ use std::time::Duration;
 use wasmtime::component::Linker;
 use wasmtime::{Engine, InstanceAllocationStrategy};
 
-use super::Guest;
-use super::capacity::GuestCapacity;
-use super::pool::POOL_TRIM_PERIOD;
-use crate::bindings::ServicePre;
-use crate::cache::{CacheOutcome, ComponentCache};
 use crate::error::Error;
-use crate::request_state::RequestState;
+use crate::interfaces::bindings::ServicePre;
+use crate::runtime::cache::{CacheOutcome, ComponentCache};
+use crate::runtime::capacity::{GuestCapacity, GuestLimits};
+use crate::runtime::guest::Guest;
+use crate::runtime::pool::{self, POOL_TRIM_PERIOD};
+use crate::runtime::store::RequestState;
 
 /// The wasm engine and the linker that provides the guest's imports. Built once per process.
 pub struct Runtime {
@@ -30,32 +30,9 @@ pub struct Runtime {
     _ticker: EpochTicker,
 }
 
-/// What one guest instance may use.
-#[derive(Debug, Clone, Copy)]
-pub struct GuestLimits {
-    /// Wall-clock time one request may run inside the guest.
-    pub request_timeout: Duration,
-    /// Linear memory one instance may grow to.
-    pub memory_bytes: usize,
-    /// Linear memory all instances together may grow to; past it a `memory.grow` fails and an
-    /// instance that cannot start is answered 503.
-    pub memory_budget_bytes: usize,
-    /// Instances working towards their response head at once (a reload's health probe counts
-    /// as one).
-    pub max_instances: u32,
-    /// Instances beyond those that have sent their head and stream the rest of the body, so
-    /// clients that read slowly do not hold the slots new requests need. The memory and stack
-    /// pools hold enough for every slot ([`GuestCapacity`]).
-    pub max_streaming: u32,
-}
-
 /// How often the epoch advances: the granularity of deadlines, and how long a guest computes
 /// before it yields its thread to other requests.
 pub const EPOCH_TICK: Duration = Duration::from_millis(2);
-
-/// Each instance's async stack: the host calls it makes run on it too (wasmtime's default).
-/// How long a request waits for a free instance slot before it is answered 503.
-pub const SLOT_WAIT: Duration = Duration::from_secs(1);
 
 impl Runtime {
     /// An engine and a linker with full WASI p2 (a Rust `std` guest imports `wasi:cli` and
@@ -68,8 +45,8 @@ impl Runtime {
         let link = |linker: &mut Linker<RequestState>| -> wasmtime::Result<()> {
             wasmtime_wasi::p2::add_to_linker_async(linker)?;
             wasmtime_wasi_http::p2::add_only_http_to_linker_async(linker)?;
-            crate::users::add_to_linker(linker)?;
-            crate::telemetry::add_to_linker(linker)?;
+            crate::interfaces::users::add_to_linker(linker)?;
+            crate::interfaces::telemetry::add_to_linker(linker)?;
             Ok(())
         };
         link(&mut linker).map_err(Error::Runtime)?;
@@ -100,30 +77,25 @@ impl Runtime {
             .load_or_compile(&self.engine, &bytes)
             .map_err(invalid)?;
         // wasmtime has validated the binary; now the host's own rules.
-        super::admission::check(&bytes).map_err(|source| Error::GuestRefused {
+        crate::runtime::admission::check(&bytes).map_err(|source| Error::GuestRefused {
             path: path.to_owned(),
             source,
         })?;
         let instance_pre = self.linker.instantiate_pre(&component).map_err(invalid)?;
         let pre = ServicePre::new(instance_pre).map_err(invalid)?;
-        let guest = Guest {
-            pre,
-            limits: self.limits,
-            capacity: Arc::clone(&self.capacity),
-            route_templates: Arc::default(),
-        };
+        let guest = Guest::new(pre, self.limits, Arc::clone(&self.capacity));
         Ok((guest, outcome))
     }
 }
 
 /// Epoch interruption (deadlines and yields), and memories and stacks from `capacity`'s pools,
-/// reused from instance to instance without changing page protections (see [`super::pool`]).
+/// reused from instance to instance without changing page protections (see [`crate::runtime::pool`]).
 fn engine_config(capacity: &GuestCapacity) -> wasmtime::Config {
     let mut config = wasmtime::Config::new();
     config
         .epoch_interruption(true)
         .allocation_strategy(InstanceAllocationStrategy::OnDemand);
-    super::pool::configure(
+    pool::configure(
         &mut config,
         Arc::clone(&capacity.memories),
         Arc::clone(&capacity.stacks),

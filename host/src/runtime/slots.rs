@@ -2,11 +2,14 @@
 //! instances streaming a body whose head has gone out.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
-use super::SLOT_WAIT;
 use crate::error::RequestError;
+
+/// How long a request waits for a free instance slot before it is answered 503.
+pub const SLOT_WAIT: Duration = Duration::from_secs(1);
 
 /// The two budgets of instance slots. Every live instance holds one permit of one of them.
 #[derive(Clone)]

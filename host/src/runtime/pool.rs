@@ -15,7 +15,7 @@
 //! ([`Mapping::reset`]): what the last instance could reach reads as zeroes for the next one,
 //! whatever the kernel did with the pages meanwhile (swapped them out included).
 //!
-//! Bounds: at most as many regions and stacks as [`super::capacity::GuestCapacity`] says, guest
+//! Bounds: at most as many regions and stacks as the guest capacity (`capacity.rs`) says, guest
 //! memories together within a host-wide [`MemoryBudget`], and mappings nobody needed for a whole
 //! [`POOL_TRIM_PERIOD`] unmapped by [`MemoryPool::trim`] and [`StackPool::trim`], so a burst
 //! does not keep its memory for ever.

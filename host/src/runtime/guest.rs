@@ -1,46 +1,23 @@
-//! The guest component: compiled and linked once ([`Runtime`]), instantiated afresh for every
-//! request ([`Guest::handle`]).
-//!
-//! - `runtime.rs`: the engine (epoch ticker), the linker, loading a component;
-//! - `admission.rs`: what a component must be before it is linked (UTF-8 strings to the host);
-//! - `capacity.rs`: the pools, memory budget, store limits and slots, all sized from the flags;
-//! - `pool.rs`: the linear memories and stacks instances reuse, without page-protection changes;
-//! - `slots.rs`: the two budgets of instance slots, running and streaming;
-//! - `probe.rs`: the request a new guest must answer 200 before it serves;
-//! - `body.rs`: a response body that breaks off when the guest fails mid-stream.
-
-mod admission;
-mod body;
-mod capacity;
-mod pool;
-mod probe;
-mod runtime;
-mod slots;
+//! A loaded guest: pre-instantiated once, instantiated afresh for every request
+//! ([`Guest::handle`]), within its deadline, slots and memory budget.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use http_body_util::BodyExt;
 use tokio::sync::oneshot;
 use tracing::Instrument;
 use wasmtime::{Store, UpdateDeadline};
 use wasmtime_wasi_http::WasiHttpView;
 use wasmtime_wasi_http::p2::bindings::http::types::Scheme;
 
-pub use admission::Refusal;
-pub use capacity::{GuestCapacity, InstanceLimiter};
-pub use pool::POOL_TRIM_PERIOD;
-pub use probe::{PROBE_TIMEOUT, ProbePath};
-pub use runtime::{EPOCH_TICK, GuestLimits, Runtime, SLOT_WAIT};
-
-use crate::bindings::ServicePre;
-use crate::error::RequestError;
-use crate::request_body::GuestRequestBody;
-use crate::request_state::RequestState;
-use crate::responses::ResponseBody;
-use crate::routes::RouteTemplates;
-use body::GuestBody;
+use crate::error::{RequestError, one_line};
+use crate::interfaces::bindings::ServicePre;
+use crate::observability::routes::RouteTemplates;
+use crate::runtime::capacity::{GuestCapacity, GuestLimits};
+use crate::runtime::guest_body::GuestBody;
+use crate::runtime::pool::BUDGET_SPENT;
+use crate::runtime::store::{RequestContext, RequestState, new_store};
 
 /// The trap raised when a request outlives its deadline.
 #[derive(Debug)]
@@ -66,24 +43,44 @@ pub struct Guest {
 }
 
 impl Guest {
+    /// A guest of `pre`, whose instances live within `limits` and share `capacity`.
+    pub(crate) fn new(
+        pre: ServicePre<RequestState>,
+        limits: GuestLimits,
+        capacity: Arc<GuestCapacity>,
+    ) -> Guest {
+        Guest {
+            pre,
+            limits,
+            capacity,
+            route_templates: Arc::default(),
+        }
+    }
+
     /// Runs one request through a fresh instance and returns its response.
     ///
     /// The instance runs in its own task: once it has sent the response head it keeps going,
     /// streaming the body, while the caller returns the response to hyper.
     /// The instance's task runs inside the caller's current span, so the guest's own spans and
     /// logs nest under the request's.
-    pub async fn handle(
+    pub async fn handle<B>(
         &self,
-        state: RequestState,
-        request: http::Request<GuestRequestBody>,
-    ) -> Result<http::Response<ResponseBody>, RequestError> {
+        context: RequestContext,
+        request: http::Request<B>,
+    ) -> Result<http::Response<GuestBody>, RequestError>
+    where
+        B: http_body::Body<Data = bytes::Bytes> + Send + 'static,
+        B::Error: Into<wasmtime_wasi_http::Error>,
+    {
         let permit = self.capacity.slots.acquire_running().await?;
-        let mut state = state;
-        state.route_templates = Arc::clone(&self.route_templates);
+        let metrics = context.metrics();
         let over_budget = Arc::new(AtomicBool::new(false));
-        state.limits = self.capacity.limiter(Arc::clone(&over_budget));
-        let mut store = Store::new(self.pre.engine(), state);
-        store.limiter(|state| &mut state.limits);
+        let mut store = new_store(
+            self.pre.engine(),
+            context,
+            Arc::clone(&self.route_templates),
+            self.capacity.limiter(Arc::clone(&over_budget)),
+        );
         // Every tick the guest yields its thread; past the deadline it traps.
         let deadline = Instant::now() + self.limits.request_timeout;
         store.set_epoch_deadline(1);
@@ -105,7 +102,6 @@ impl Guest {
         };
         let (request, response_out) = setup(&mut store).map_err(RequestError::Setup)?;
         let pre = self.pre.clone();
-        let metrics = store.data().metrics.clone();
         // A guest blocked in a host call (a client that does not read its body, a slow store)
         // cannot be interrupted by epochs: this is the backstop, for the whole exchange.
         let backstop = self.limits.request_timeout + Duration::from_secs(1);
@@ -141,7 +137,7 @@ impl Guest {
         match answer {
             Ok(Ok(response)) => {
                 self.capacity.slots.start_streaming(&permit);
-                Ok(response.map(|body| GuestBody::new(body, task).boxed_unsync()))
+                Ok(response.map(|body| GuestBody::new(body, task)))
             }
             Ok(Err(code)) => Err(RequestError::ErrorCode(format!("{code:?}"))),
             // The sender is dropped with the store: the task has ended without a response.
@@ -152,7 +148,7 @@ impl Guest {
                 // (a refused new memory reaches here only as wasmtime's text of the refusal).
                 Ok(Err(trap))
                     if over_budget.load(Ordering::Acquire)
-                        || crate::error::one_line(&*trap).contains(pool::BUDGET_SPENT) =>
+                        || one_line(&*trap).contains(BUDGET_SPENT) =>
                 {
                     RequestError::Busy
                 }

@@ -1,71 +1,190 @@
-//! The OpenTelemetry SDK's environment variables that choose where spans go and what describes
-//! the process, read and checked once at start: a bad value is an error that names its
-//! variable, never a silent fallback. An empty variable counts as unset, as the SDK
-//! specification says.
+//! The telemetry settings: where log lines go and which they keep, and where spans go and what
+//! describes the process on them. The OpenTelemetry SDK's variables are read as every SDK reads
+//! them (each is also a flag, its name in lower case with dashes), checked once at start: a bad
+//! value is an error that names its variable, never a silent fallback. An empty value counts as
+//! unset, as the SDK specification says.
 
+use std::collections::BTreeMap;
+use std::path::PathBuf;
 use std::time::Duration;
+
+use clap::{Arg, ArgMatches, Args, Command, FromArgMatches};
 
 use crate::error::Error;
 
-/// `OTEL_TRACES_EXPORTER`: `jaeger` (the default), `otlp` or `none`.
-pub const TRACES_EXPORTER: &str = "OTEL_TRACES_EXPORTER";
-/// `OTEL_SDK_DISABLED`: `true` exports nothing, whatever the exporter.
-pub const SDK_DISABLED: &str = "OTEL_SDK_DISABLED";
-/// The collector's base URL; over HTTP, `/v1/traces` is appended.
-pub const OTLP_ENDPOINT: &str = "OTEL_EXPORTER_OTLP_ENDPOINT";
-/// The full URL spans are sent to; wins over [`OTLP_ENDPOINT`].
-pub const OTLP_TRACES_ENDPOINT: &str = "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT";
-/// `http/protobuf` (the default) or `grpc`.
-pub const OTLP_PROTOCOL: &str = "OTEL_EXPORTER_OTLP_PROTOCOL";
-/// `key=value,...` sent with every export, values percent-encoded.
-pub const OTLP_HEADERS: &str = "OTEL_EXPORTER_OTLP_HEADERS";
-/// Milliseconds one export may take.
-pub const OTLP_TIMEOUT: &str = "OTEL_EXPORTER_OTLP_TIMEOUT";
-/// `key=value,...` added to the resource of every span, values percent-encoded.
-pub const RESOURCE_ATTRIBUTES: &str = "OTEL_RESOURCE_ATTRIBUTES";
-/// The spans' own protocol, headers and timeout: each wins over its general variable above.
-pub const OTLP_TRACES_PROTOCOL: &str = "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL";
-/// See [`OTLP_TRACES_PROTOCOL`].
-pub const OTLP_TRACES_HEADERS: &str = "OTEL_EXPORTER_OTLP_TRACES_HEADERS";
-/// See [`OTLP_TRACES_PROTOCOL`].
-pub const OTLP_TRACES_TIMEOUT: &str = "OTEL_EXPORTER_OTLP_TRACES_TIMEOUT";
-/// Only `none` is accepted: this build has no gzip for OTLP.
-pub const OTLP_COMPRESSION: &str = "OTEL_EXPORTER_OTLP_COMPRESSION";
-/// See [`OTLP_COMPRESSION`].
-pub const OTLP_TRACES_COMPRESSION: &str = "OTEL_EXPORTER_OTLP_TRACES_COMPRESSION";
-/// Milliseconds between two batches.
-pub const BSP_SCHEDULE_DELAY: &str = "OTEL_BSP_SCHEDULE_DELAY";
-/// Spans waiting for export at most; more are dropped.
-pub const BSP_MAX_QUEUE_SIZE: &str = "OTEL_BSP_MAX_QUEUE_SIZE";
-/// Spans per export at most.
-pub const BSP_MAX_EXPORT_BATCH_SIZE: &str = "OTEL_BSP_MAX_EXPORT_BATCH_SIZE";
-/// Milliseconds one export may take (over OTLP the OTLP timeout wins when shorter).
-pub const BSP_EXPORT_TIMEOUT: &str = "OTEL_BSP_EXPORT_TIMEOUT";
-/// Exports in flight at once.
-pub const BSP_MAX_CONCURRENT_EXPORTS: &str = "OTEL_BSP_MAX_CONCURRENT_EXPORTS";
+/// The service name on every span unless `OTEL_SERVICE_NAME` says otherwise.
+pub const DEFAULT_SERVICE_NAME: &str = "tutorial-service";
+/// The Jaeger agent's host unless `OTEL_EXPORTER_JAEGER_AGENT_HOST` says otherwise.
+pub const DEFAULT_JAEGER_AGENT_HOST: &str = "localhost";
+/// The Jaeger agent's UDP port unless `OTEL_EXPORTER_JAEGER_AGENT_PORT` says otherwise.
+pub const DEFAULT_JAEGER_AGENT_PORT: u16 = 6831;
+/// Where the JSON log lines are appended, relative to the working directory.
+pub const DEFAULT_LOG_FILE: &str = "logs/app.log";
+/// The log filter unless `RUST_LOG` says otherwise: the host's own lines from `info`, the
+/// PostgreSQL client's from `warn` (its `info` lines are the server's notices, such as a table
+/// that already exists at every start).
+pub const DEFAULT_LOG_FILTER: &str = "info,tokio_postgres=warn";
 
-/// Every variable this module reads. The OTLP exporter and the batch processor read some of
-/// them again themselves, raw: [`normalize_environment`] makes what they read agree.
-pub const VARIABLES: &[&str] = &[
-    TRACES_EXPORTER,
-    SDK_DISABLED,
-    OTLP_ENDPOINT,
-    OTLP_TRACES_ENDPOINT,
-    OTLP_PROTOCOL,
-    OTLP_TRACES_PROTOCOL,
-    OTLP_HEADERS,
-    OTLP_TRACES_HEADERS,
-    OTLP_TIMEOUT,
-    OTLP_TRACES_TIMEOUT,
-    OTLP_COMPRESSION,
-    OTLP_TRACES_COMPRESSION,
-    RESOURCE_ATTRIBUTES,
-    BSP_SCHEDULE_DELAY,
-    BSP_MAX_QUEUE_SIZE,
-    BSP_MAX_EXPORT_BATCH_SIZE,
-    BSP_EXPORT_TIMEOUT,
-    BSP_MAX_CONCURRENT_EXPORTS,
+/// Where log lines and spans go, and what names this process on its spans.
+#[derive(Debug, Clone, Args)]
+#[command(next_help_heading = "Telemetry")]
+pub struct TelemetryArgs {
+    /// File the JSON log lines are appended to.
+    #[arg(long, env = "LOG_FILE", default_value = DEFAULT_LOG_FILE)]
+    pub log_file: PathBuf,
+
+    /// Which log lines are kept, as `tracing`'s filter directives (`info`, `host=debug,warn`);
+    /// spans are exported whatever it says [default: info,tokio_postgres=warn].
+    #[arg(long, env = "RUST_LOG")]
+    pub log_filter: Option<String>,
+
+    /// Name reported with every span [default: tutorial-service].
+    #[arg(long, env = "OTEL_SERVICE_NAME")]
+    pub service_name: Option<String>,
+
+    /// Host of the Jaeger agent the spans go to, over UDP [default: localhost].
+    #[arg(long, env = "OTEL_EXPORTER_JAEGER_AGENT_HOST")]
+    pub jaeger_agent_host: Option<String>,
+
+    /// UDP port of the Jaeger agent [default: 6831].
+    #[arg(long, env = "OTEL_EXPORTER_JAEGER_AGENT_PORT", value_parser = optional_port)]
+    pub jaeger_agent_port: Option<MaybePort>,
+
+    /// The OpenTelemetry SDK's variables.
+    #[command(flatten)]
+    pub otel: OtelVariables,
+}
+
+// The SDK's variables, by name; each is described once, in `OTEL_VARIABLES`.
+const TRACES_EXPORTER: &str = "OTEL_TRACES_EXPORTER";
+const SDK_DISABLED: &str = "OTEL_SDK_DISABLED";
+const OTLP_ENDPOINT: &str = "OTEL_EXPORTER_OTLP_ENDPOINT";
+const OTLP_TRACES_ENDPOINT: &str = "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT";
+const OTLP_PROTOCOL: &str = "OTEL_EXPORTER_OTLP_PROTOCOL";
+const OTLP_HEADERS: &str = "OTEL_EXPORTER_OTLP_HEADERS";
+const OTLP_TIMEOUT: &str = "OTEL_EXPORTER_OTLP_TIMEOUT";
+const RESOURCE_ATTRIBUTES: &str = "OTEL_RESOURCE_ATTRIBUTES";
+const OTLP_TRACES_PROTOCOL: &str = "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL";
+const OTLP_TRACES_HEADERS: &str = "OTEL_EXPORTER_OTLP_TRACES_HEADERS";
+const OTLP_TRACES_TIMEOUT: &str = "OTEL_EXPORTER_OTLP_TRACES_TIMEOUT";
+const OTLP_COMPRESSION: &str = "OTEL_EXPORTER_OTLP_COMPRESSION";
+const OTLP_TRACES_COMPRESSION: &str = "OTEL_EXPORTER_OTLP_TRACES_COMPRESSION";
+const BSP_SCHEDULE_DELAY: &str = "OTEL_BSP_SCHEDULE_DELAY";
+const BSP_MAX_QUEUE_SIZE: &str = "OTEL_BSP_MAX_QUEUE_SIZE";
+const BSP_MAX_EXPORT_BATCH_SIZE: &str = "OTEL_BSP_MAX_EXPORT_BATCH_SIZE";
+const BSP_EXPORT_TIMEOUT: &str = "OTEL_BSP_EXPORT_TIMEOUT";
+const BSP_MAX_CONCURRENT_EXPORTS: &str = "OTEL_BSP_MAX_CONCURRENT_EXPORTS";
+
+/// The SDK's variables this host reads, each with its help: the one declaration of each, from
+/// which the flags, `--help` and [`OtelVariables`] are made.
+const OTEL_VARIABLES: &[(&str, &str)] = &[
+    (
+        TRACES_EXPORTER,
+        "Where spans go: jaeger (UDP agent, the default) | otlp | none",
+    ),
+    (SDK_DISABLED, "true: export no spans"),
+    (
+        OTLP_ENDPOINT,
+        "Collector base URL [http://localhost:4318; over grpc :4317]",
+    ),
+    (
+        OTLP_TRACES_ENDPOINT,
+        "Full URL for spans (wins over the base URL)",
+    ),
+    (OTLP_PROTOCOL, "http/protobuf (the default) | grpc"),
+    (
+        OTLP_TRACES_PROTOCOL,
+        "The same, for spans only (wins over the above)",
+    ),
+    (
+        OTLP_HEADERS,
+        "key=value,... sent with every export, values percent-encoded",
+    ),
+    (
+        OTLP_TRACES_HEADERS,
+        "The same, for spans only (wins over the above)",
+    ),
+    (OTLP_TIMEOUT, "Milliseconds one export may take [10000]"),
+    (
+        OTLP_TRACES_TIMEOUT,
+        "The same, for spans only (wins over the above)",
+    ),
+    (OTLP_COMPRESSION, "none (the only value this build accepts)"),
+    (OTLP_TRACES_COMPRESSION, "The same, for spans only"),
+    (
+        RESOURCE_ATTRIBUTES,
+        "key=value,... on every span's resource, values percent-encoded",
+    ),
+    (
+        BSP_SCHEDULE_DELAY,
+        "Milliseconds between span batches [5000]",
+    ),
+    (
+        BSP_MAX_QUEUE_SIZE,
+        "Spans waiting for export at most; more are dropped [2048]",
+    ),
+    (
+        BSP_MAX_EXPORT_BATCH_SIZE,
+        "Spans per batch [128 to the agent, 512 over OTLP]",
+    ),
+    (
+        BSP_EXPORT_TIMEOUT,
+        "Milliseconds one export to the agent may take [5000]",
+    ),
+    (BSP_MAX_CONCURRENT_EXPORTS, "Exports at once [1]"),
 ];
+
+/// The values of the SDK's variables (or of their flags) that were set, by variable.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct OtelVariables(BTreeMap<&'static str, String>);
+
+impl OtelVariables {
+    /// The value of `variable`, if it was set.
+    pub fn get(&self, variable: &str) -> Option<String> {
+        self.0.get(variable).cloned()
+    }
+}
+
+/// `--otel-traces-exporter` for `OTEL_TRACES_EXPORTER`.
+fn flag_of(variable: &str) -> String {
+    variable.to_ascii_lowercase().replace('_', "-")
+}
+
+impl FromArgMatches for OtelVariables {
+    fn from_arg_matches(matches: &ArgMatches) -> Result<Self, clap::Error> {
+        let set = OTEL_VARIABLES.iter().filter_map(|(variable, _)| {
+            let value = matches.get_one::<String>(variable)?;
+            Some((*variable, value.clone()))
+        });
+        Ok(OtelVariables(set.collect()))
+    }
+
+    fn update_from_arg_matches(&mut self, matches: &ArgMatches) -> Result<(), clap::Error> {
+        *self = OtelVariables::from_arg_matches(matches)?;
+        Ok(())
+    }
+}
+
+impl Args for OtelVariables {
+    fn augment_args(command: Command) -> Command {
+        let command = command.next_help_heading("OpenTelemetry SDK");
+        OTEL_VARIABLES
+            .iter()
+            .fold(command, |command, (variable, help)| {
+                command.arg(
+                    Arg::new(*variable)
+                        .long(flag_of(variable))
+                        .env(*variable)
+                        .value_name("VALUE")
+                        .help(*help),
+                )
+            })
+    }
+
+    fn augment_args_for_update(command: Command) -> Command {
+        OtelVariables::augment_args(command)
+    }
+}
 
 /// The collector's address over HTTP unless told otherwise.
 pub const DEFAULT_HTTP_ENDPOINT: &str = "http://localhost:4318";
@@ -119,6 +238,76 @@ impl SpanExport {
                 OtlpProtocol::Grpc => ("otlp/grpc", settings.endpoint.clone()),
             },
         }
+    }
+}
+
+/// Where spans go and what describes this process on them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TelemetrySettings {
+    /// The file the JSON log lines are appended to.
+    pub log_file: PathBuf,
+    /// Which log lines are kept (`tracing` filter directives).
+    pub log_filter: String,
+    /// `service.name` of every span; wins over one in `OTEL_RESOURCE_ATTRIBUTES`.
+    pub service_name: String,
+    /// The exporter and its destination.
+    pub export: SpanExport,
+    /// How spans are queued and batched on their way out.
+    pub batch: BatchSettings,
+    /// `OTEL_RESOURCE_ATTRIBUTES`, on the resource of every span.
+    pub resource_attributes: Vec<(String, String)>,
+}
+
+impl TelemetryArgs {
+    /// The settings these values make: flags and variables, then the defaults. An empty value
+    /// counts as unset, as the SDKs treat their variables; a bad one is an error naming it.
+    pub fn settings(&self) -> Result<TelemetrySettings, Error> {
+        let var = |name: &str| self.otel.get(name);
+        let text = |setting: &Option<String>, default: &str| {
+            setting
+                .clone()
+                .filter(|value| !value.is_empty())
+                .unwrap_or_else(|| default.to_string())
+        };
+        let jaeger_agent = (
+            text(&self.jaeger_agent_host, DEFAULT_JAEGER_AGENT_HOST),
+            self.jaeger_agent_port
+                .and_then(|MaybePort(port)| port)
+                .unwrap_or(DEFAULT_JAEGER_AGENT_PORT),
+        );
+        let resource_attributes = resource_attributes(&var)?;
+        // `OTEL_SERVICE_NAME` wins over a `service.name` in `OTEL_RESOURCE_ATTRIBUTES`, which
+        // wins over the default, as the SDK specification orders them.
+        let named_in_attributes = resource_attributes
+            .iter()
+            .rev()
+            .find(|(key, value)| key == "service.name" && !value.is_empty())
+            .map(|(_, value)| value.as_str());
+        Ok(TelemetrySettings {
+            log_file: self.log_file.clone(),
+            log_filter: text(&self.log_filter, DEFAULT_LOG_FILTER),
+            service_name: text(
+                &self.service_name,
+                named_in_attributes.unwrap_or(DEFAULT_SERVICE_NAME),
+            ),
+            export: span_export(&var, jaeger_agent)?,
+            batch: batch_settings(&var)?,
+            resource_attributes,
+        })
+    }
+}
+
+/// A port setting: a port, or nothing when the setting is empty.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MaybePort(pub Option<u16>);
+
+fn optional_port(value: &str) -> Result<MaybePort, String> {
+    if value.is_empty() {
+        return Ok(MaybePort(None));
+    }
+    match value.parse::<u16>() {
+        Ok(port) if port > 0 => Ok(MaybePort(Some(port))),
+        _ => Err("expected a port, 1 to 65535".to_string()),
     }
 }
 
@@ -221,7 +410,7 @@ pub fn batch_settings(var: &impl Fn(&str) -> Option<String>) -> Result<BatchSett
 }
 
 /// The span export the variables ask for. `jaeger_agent` is where the `jaeger` exporter sends
-/// (its own settings are flags of [`crate::config::Config`]).
+/// (its own settings are [`TelemetryArgs`]' flags).
 pub fn span_export(
     var: &impl Fn(&str) -> Option<String>,
     jaeger_agent: (String, u16),

@@ -21,6 +21,8 @@ use std::time::Instant;
 use http_body::{Body, Frame, SizeHint};
 use tokio::sync::Notify;
 
+/// The most bytes of request line and headers hyper buffers; a larger head is refused by hyper.
+pub const MAX_HEADER_BYTES: usize = 64 * 1024;
 /// Descriptors kept back from the connection cap for everything else the host opens (store
 /// connections, log files, the compiled-component cache, the exporters' sockets).
 pub const RESERVED_FILE_DESCRIPTORS: u64 = 256;
@@ -195,13 +197,13 @@ impl<B: Body + Unpin> Body for AwaitNextHead<B> {
 
 /// The default connection cap: the process's open-file limit, raised to its hard limit first,
 /// less [`RESERVED_FILE_DESCRIPTORS`], and no more connections than a quarter of `memory` holds
-/// at [`crate::server::MAX_HEADER_BYTES`] each (what a connection may buffer of a request head);
+/// at [`MAX_HEADER_BYTES`] each (what a connection may buffer of a request head);
 /// at least [`MIN_DEFAULT_CONNECTIONS`].
 pub fn default_cap(memory: usize) -> usize {
     let by_descriptors =
         usize::try_from(raise_open_file_limit().saturating_sub(RESERVED_FILE_DESCRIPTORS))
             .unwrap_or(usize::MAX);
-    let by_memory = memory / 4 / crate::server::MAX_HEADER_BYTES;
+    let by_memory = memory / 4 / MAX_HEADER_BYTES;
     by_descriptors
         .min(by_memory)
         .clamp(MIN_DEFAULT_CONNECTIONS, 1_000_000)

@@ -5,10 +5,9 @@ use std::sync::Arc;
 use bytes::Bytes;
 use http_body_util::BodyExt;
 
-use super::Guest;
 use crate::error::Error;
-use crate::request_body::GuestRequestBody;
-use crate::request_state::RequestState;
+use crate::runtime::guest::Guest;
+use crate::runtime::store::RequestContext;
 use crate::user_store::UserStore;
 
 /// Where a new guest is probed before it serves: a path of its own, or nowhere.
@@ -56,11 +55,11 @@ impl Guest {
         let probe = async {
             let request = http::Request::get(path.as_str())
                 .header(http::header::HOST, "localhost")
-                .body(GuestRequestBody::complete(Bytes::new()))
+                .body(http_body_util::Empty::<Bytes>::new())
                 .expect("a parsed path makes a valid request");
-            let state = RequestState::quiet(Arc::new(UserStore::memory(0)));
+            let context = RequestContext::quiet(Arc::new(UserStore::memory(0)));
             let response =
-                self.handle(state, request)
+                self.handle(context, request)
                     .await
                     .map_err(|source| Error::ProbeFailed {
                         path: path.to_string(),

@@ -3,7 +3,7 @@
 use bytes::Bytes;
 
 use crate::error::one_line;
-use crate::responses::ResponseBody;
+use wasmtime_wasi_http::p2::body::HyperOutgoingBody;
 
 /// A guest's response body that ends only when the guest's task has ended well.
 ///
@@ -11,16 +11,16 @@ use crate::responses::ResponseBody;
 /// deadline): with chunked encoding the client would see a cut-short body as complete. Here the
 /// end of the body waits for the task's outcome, and a failed task turns it into an error, so
 /// hyper breaks the connection instead.
-pub(super) struct GuestBody {
-    inner: ResponseBody,
+pub struct GuestBody {
+    inner: HyperOutgoingBody,
     task: Option<tokio::task::JoinHandle<wasmtime::Result<()>>>,
     /// The request's span, for the log line of a failure.
     span: tracing::Span,
 }
 
 impl GuestBody {
-    pub(super) fn new(
-        inner: ResponseBody,
+    pub(crate) fn new(
+        inner: HyperOutgoingBody,
         task: tokio::task::JoinHandle<wasmtime::Result<()>>,
     ) -> GuestBody {
         GuestBody {

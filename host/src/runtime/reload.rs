@@ -13,19 +13,23 @@ use std::time::{Duration, Instant};
 
 use notify::{RecommendedWatcher, RecursiveMode, Watcher};
 
-use crate::cache::CacheOutcome;
 use crate::error::{Error, one_line};
-use crate::guest::{Guest, ProbePath, Runtime};
-use crate::server::{App, ServingGuest};
+use crate::observability::metrics::Metrics;
+use crate::runtime::cache::CacheOutcome;
+use crate::runtime::engine::Runtime;
+use crate::runtime::guest::Guest;
+use crate::runtime::probe::ProbePath;
+use crate::runtime::serving::{Serving, ServingGuest};
 
 /// How long the file must stay quiet before a change is reloaded: editors and `cargo` write,
 /// truncate and rename in bursts.
 pub const WATCH_DEBOUNCE: Duration = Duration::from_millis(250);
 
-/// Reloads the guest at one path into one [`App`].
+/// Reloads the guest at one path into one [`Serving`].
 pub struct Reloader {
     runtime: Arc<Runtime>,
-    app: Arc<App>,
+    serving: Arc<Serving>,
+    metrics: Arc<Metrics>,
     path: PathBuf,
     /// Where a new guest must answer 200 before it is swapped in.
     probe_path: ProbePath,
@@ -34,16 +38,19 @@ pub struct Reloader {
 }
 
 impl Reloader {
-    /// A reloader of the component at `path` into `app`, probing new guests on `probe_path`.
+    /// A reloader of the component at `path` into `serving`, probing new guests on
+    /// `probe_path`, counting reloads in `metrics`.
     pub fn new(
         runtime: Arc<Runtime>,
-        app: Arc<App>,
+        serving: Arc<Serving>,
+        metrics: Arc<Metrics>,
         path: PathBuf,
         probe_path: ProbePath,
     ) -> Reloader {
         Reloader {
             runtime,
-            app,
+            serving,
+            metrics,
             path,
             probe_path,
             one_at_a_time: tokio::sync::Mutex::new(()),
@@ -61,8 +68,8 @@ impl Reloader {
                     guest,
                     version: version.clone(),
                 };
-                let old = self.app.swap_guest(new);
-                self.app.metrics().observe_reload(true);
+                let old = self.serving.swap(new);
+                self.metrics.observe_reload(true);
                 tracing::info!(
                     trigger,
                     path,
@@ -75,7 +82,7 @@ impl Reloader {
                 Ok(version)
             }
             Err(error) => {
-                self.app.metrics().observe_reload(false);
+                self.metrics.observe_reload(false);
                 let why = one_line(&error);
                 tracing::error!(
                     trigger,
@@ -154,11 +161,9 @@ impl Reloader {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cache::ComponentCache;
-    use crate::config::built_component;
-    use crate::guest::GuestLimits;
-    use crate::server::ClientLimits;
-    use crate::user_store::UserStore;
+    use crate::runtime::GuestLimits;
+    use crate::runtime::built::built_component;
+    use crate::runtime::cache::ComponentCache;
 
     /// A directory of this test's own, empty.
     fn scratch(name: &str) -> PathBuf {
@@ -173,20 +178,12 @@ mod tests {
         let cache = ComponentCache::new(scratch.join("cache"));
         let runtime = Arc::new(Runtime::new(cache, GuestLimits::default()).unwrap());
         let (guest, _) = runtime.load(&built_component("guest")).unwrap();
-        let app = Arc::new(App::new(
-            ServingGuest {
-                guest,
-                version: "serving".to_string(),
-            },
-            Arc::new(UserStore::memory(10)),
-            ClientLimits {
-                max_body_bytes: 1024,
-                body_timeout: Duration::from_secs(1),
-                body_buffer_bytes: 1 << 20,
-                max_connections: 8,
-            },
-        ));
-        Reloader::new(runtime, app, path, ProbePath::Off)
+        let serving = Arc::new(Serving::new(ServingGuest {
+            guest,
+            version: "serving".to_string(),
+        }));
+        let metrics = Arc::new(Metrics::new());
+        Reloader::new(runtime, serving, metrics, path, ProbePath::Off)
     }
 
     #[tokio::test]
@@ -199,8 +196,8 @@ mod tests {
             reloader.reload("test").await,
             Err(Error::GuestInvalid { .. })
         ));
-        assert_eq!(reloader.app.serving_guest().version, "serving");
-        let page = reloader.app.metrics().render(None);
+        assert_eq!(reloader.serving.current().version, "serving");
+        let page = reloader.metrics.render(None);
         assert!(
             page.contains(r#"guest_reloads_total{result="failure"} 1"#),
             "{page}"
@@ -215,7 +212,7 @@ mod tests {
             reloader.reload("test").await,
             Err(Error::GuestUnreadable { .. })
         ));
-        assert_eq!(reloader.app.serving_guest().version, "serving");
+        assert_eq!(reloader.serving.current().version, "serving");
     }
 
     #[tokio::test]
@@ -224,8 +221,8 @@ mod tests {
         let reloader = reloader_of(built_component("minimal-guest"), &dir);
         // Probing is off: the version is not asked for.
         assert_eq!(reloader.reload("test").await.unwrap(), "unknown");
-        assert_eq!(reloader.app.serving_guest().version, "unknown");
-        let page = reloader.app.metrics().render(None);
+        assert_eq!(reloader.serving.current().version, "unknown");
+        let page = reloader.metrics.render(None);
         assert!(
             page.contains(r#"guest_reloads_total{result="success"} 1"#),
             "{page}"

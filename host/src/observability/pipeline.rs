@@ -10,59 +10,29 @@ use std::io::{BufWriter, Write};
 use std::path::Path;
 use std::time::Duration;
 
-use http::{HeaderMap, Method};
 use opentelemetry::KeyValue;
-use opentelemetry::propagation::Extractor;
-use opentelemetry::trace::{TraceContextExt, TracerProvider as _};
+use opentelemetry::trace::TracerProvider as _;
 use opentelemetry_sdk::Resource;
 use opentelemetry_sdk::export::trace::SpanExporter;
 use opentelemetry_sdk::propagation::TraceContextPropagator;
 use opentelemetry_sdk::trace::{BatchConfigBuilder, BatchSpanProcessor};
-use tracing::field::Empty;
 use tracing_appender::non_blocking::WorkerGuard;
-use tracing_opentelemetry::OpenTelemetrySpanExt;
 use tracing_subscriber::Layer;
 use tracing_subscriber::filter::{EnvFilter, FilterExt, filter_fn};
 use tracing_subscriber::fmt::writer::MakeWriterExt;
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 
-use crate::config::TelemetrySettings;
-use crate::logs::{JsonFieldSets, JsonLines};
-use crate::otel_env::{OtlpProtocol, OtlpSettings, SpanExport};
+use crate::observability::logs::{JsonFieldSets, JsonLines};
+use crate::observability::settings::{
+    DEFAULT_LOG_FILTER, OtlpProtocol, OtlpSettings, SpanExport, TelemetrySettings,
+};
 
 /// How long the exit waits for the last spans to leave.
 const FLUSH_DEADLINE: Duration = Duration::from_secs(5);
 /// One export to the Jaeger agent: a UDP send never waits, so this is never reached.
 const AGENT_EXPORT_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// Longest `url.path` recorded on a span: a span must fit in one UDP packet to the agent.
-const MAX_RECORDED_PATH: usize = 1024;
-/// The longest non-standard method recorded as `http.request.method_original`.
-const MAX_RECORDED_METHOD: usize = 32;
-/// The methods OpenTelemetry's HTTP conventions know; any other is recorded as [`OTHER_METHOD`].
-const STANDARD_METHODS: &[Method] = &[
-    Method::GET,
-    Method::HEAD,
-    Method::POST,
-    Method::PUT,
-    Method::DELETE,
-    Method::CONNECT,
-    Method::OPTIONS,
-    Method::TRACE,
-    Method::PATCH,
-];
-/// `http.request.method` of a request whose method is not a standard one.
-pub const OTHER_METHOD: &str = "_OTHER";
-
-/// The method's name when it is one of the nine standard ones; clients choose methods, so only
-/// these may become span names or label values.
-pub fn standard_method(method: &Method) -> Option<&'static str> {
-    STANDARD_METHODS
-        .iter()
-        .find(|standard| *standard == method)
-        .map(Method::as_str)
-}
 /// Spans per export unless `OTEL_BSP_MAX_EXPORT_BATCH_SIZE` says otherwise. A request span is
 /// about 350 bytes in Thrift, so 128 of them fit one 65,000-byte UDP packet; the SDK's default
 /// of 512 does not, and the exporter then halves the batch and encodes each half again (and
@@ -91,20 +61,21 @@ impl Drop for TelemetryGuard {
     }
 }
 
-/// Installs logging (stdout and `log_file`) and span export. Never fails: a log file that
+/// Installs logging (stdout and the settings' log file) and span export. Never fails: a log file that
 /// cannot be opened or an exporter that cannot start is one warning, and the service runs on.
 /// Must run inside the tokio runtime (the exporter's batch task lives there).
-pub fn init(log_file: &Path, settings: &TelemetrySettings) -> TelemetryGuard {
+pub fn init(settings: &TelemetrySettings) -> TelemetryGuard {
     // Buffered behind the non-blocking channel: its worker flushes whenever the channel runs
     // dry, so a burst of lines is one write, not one system call per line.
     let (stdout, stdout_guard) = tracing_appender::non_blocking(BufWriter::new(std::io::stdout()));
-    let (file_target, file_error): (Box<dyn Write + Send>, _) = match open_append(log_file) {
-        Ok(file) => (Box::new(BufWriter::new(file)), None),
-        Err(error) => (Box::new(std::io::sink()), Some(error)),
-    };
+    let (file_target, file_error): (Box<dyn Write + Send>, _) =
+        match open_append(&settings.log_file) {
+            Ok(file) => (Box::new(BufWriter::new(file)), None),
+            Err(error) => (Box::new(std::io::sink()), Some(error)),
+        };
     let (file, file_guard) = tracing_appender::non_blocking(file_target);
-    let log_level =
-        EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(DEFAULT_LOG_FILTER));
+    let log_level = EnvFilter::try_new(&settings.log_filter)
+        .unwrap_or_else(|_| EnvFilter::new(DEFAULT_LOG_FILTER));
     // Spans stay enabled whatever the level, so a WARN line still carries its request's fields.
     // The level hints matter: they set the `log` crate's maximum level, and cranelift logs every
     // compilation step through `log` at debug and trace.
@@ -140,7 +111,7 @@ pub fn init(log_file: &Path, settings: &TelemetrySettings) -> TelemetryGuard {
     tracing_subscriber::registry().with(logs).with(spans).init();
 
     if let Some(error) = file_error {
-        tracing::warn!(path = %log_file.display(), %error, "cannot write the log file; logging to stdout only");
+        tracing::warn!(path = %settings.log_file.display(), %error, "cannot write the log file; logging to stdout only");
     }
     if let Some(error) = exporter_error {
         tracing::warn!(%error, "cannot start the span exporter; spans are not exported");
@@ -156,11 +127,6 @@ pub fn init(log_file: &Path, settings: &TelemetrySettings) -> TelemetryGuard {
         _log_writers: vec![stdout_guard, file_guard],
     }
 }
-
-/// The log filter unless `RUST_LOG` says otherwise: the host's own lines from `info`, the
-/// PostgreSQL client's from `warn` (its `info` lines are the server's notices, such as a table
-/// that already exists at every start).
-pub const DEFAULT_LOG_FILTER: &str = "info,tokio_postgres=warn";
 
 /// How often, at most, a failing span export is said in a WARN line.
 pub const EXPORT_WARNING_INTERVAL: Duration = Duration::from_secs(60);
@@ -270,9 +236,13 @@ fn otlp_exporter(
                 .connect_timeout(timeout)
                 .build()
                 .map_err(|error| opentelemetry::trace::TraceError::Other(Box::new(error)))?;
+            let endpoint = otlp
+                .endpoint
+                .parse()
+                .map_err(|error| opentelemetry::trace::TraceError::Other(Box::new(error)))?;
             opentelemetry_otlp::new_exporter()
                 .http()
-                .with_http_client(client)
+                .with_http_client(ToEndpoint { client, endpoint })
                 .with_endpoint(&otlp.endpoint)
                 .with_timeout(timeout)
                 .with_headers(otlp.headers.iter().cloned().collect())
@@ -291,13 +261,52 @@ fn otlp_exporter(
                     metadata.insert(key, value);
                 }
             }
+            // A channel of ours: the exporter's own would take its endpoint and timeout from
+            // the raw variables, over the values given here.
+            let channel = tonic::transport::Channel::from_shared(otlp.endpoint.clone())
+                .map_err(|error| opentelemetry::trace::TraceError::Other(Box::new(error)))?
+                .timeout(timeout)
+                .connect_lazy();
             opentelemetry_otlp::new_exporter()
                 .tonic()
-                .with_endpoint(&otlp.endpoint)
-                .with_timeout(timeout)
+                .with_channel(channel)
                 .with_metadata(metadata)
                 .build_span_exporter()
         }
+    }
+}
+
+/// The OTLP/HTTP client: sends every export to the endpoint the settings name. opentelemetry-otlp
+/// 0.16 reads the `OTEL_EXPORTER_OTLP_*` variables again itself, raw, and lets them win over the
+/// endpoint it is given (a blank one becomes a URL of its own); the host reads each variable
+/// once, and this is where its reading wins.
+#[derive(Debug)]
+struct ToEndpoint {
+    client: otlp_reqwest::Client,
+    endpoint: otlp_http::Uri,
+}
+
+impl opentelemetry_http::HttpClient for ToEndpoint {
+    fn send<'client, 'call>(
+        &'client self,
+        mut request: otlp_http::Request<Vec<u8>>,
+    ) -> std::pin::Pin<
+        Box<
+            dyn Future<
+                    Output = Result<
+                        otlp_http::Response<bytes::Bytes>,
+                        opentelemetry_http::HttpError,
+                    >,
+                > + Send
+                + 'call,
+        >,
+    >
+    where
+        'client: 'call,
+        Self: 'call,
+    {
+        *request.uri_mut() = self.endpoint.clone();
+        self.client.send(request)
     }
 }
 
@@ -364,89 +373,6 @@ fn agent_endpoint(host: &str, port: u16) -> String {
     }
 }
 
-/// The server span of one request, continuing the caller's trace when the request carries a
-/// W3C `traceparent`. Named `HTTP <METHOD>` until [`record_answer`] adds the route.
-pub fn request_span(
-    method: &Method,
-    path: &str,
-    request_id: &str,
-    headers: &HeaderMap,
-) -> tracing::Span {
-    let path = truncate(path, MAX_RECORDED_PATH);
-    // Clients choose the method: only the standard ones become span names or attribute values,
-    // so the set of names stays bounded and a 5,000-byte method is not logged whole.
-    let method_name = standard_method(method).unwrap_or(OTHER_METHOD);
-    let method_original = standard_method(method)
-        .is_none()
-        .then(|| truncate(method.as_str(), MAX_RECORDED_METHOD));
-    let span = tracing::info_span!(
-        "request",
-        otel.name = format!("HTTP {method_name}"),
-        otel.kind = "server",
-        otel.status_code = Empty,
-        http.request.method = method_name,
-        http.request.method_original = method_original,
-        http.route = Empty,
-        url.path = path,
-        http.response.status_code = Empty,
-        guest.version = Empty,
-        request_id,
-        trace_id = Empty,
-        span_id = Empty,
-    );
-    let caller = opentelemetry::global::get_text_map_propagator(|propagator| {
-        propagator.extract(&HeaderExtractor(headers))
-    });
-    span.set_parent(caller);
-    let context = span.context();
-    let span_context = context.span().span_context().clone();
-    if span_context.is_valid() {
-        span.record("trace_id", span_context.trace_id().to_string());
-        span.record("span_id", span_context.span_id().to_string());
-    }
-    span
-}
-
-/// Records the answer on the request span: its route in the name (`HTTP <METHOD> <route>`) and,
-/// unless the span already carries it, in `http.route`; its status; a 5xx marks it an error.
-pub fn record_answer(
-    span: &tracing::Span,
-    method: &Method,
-    route: &str,
-    record_route: bool,
-    status: u16,
-) {
-    let method_name = standard_method(method).unwrap_or(OTHER_METHOD);
-    span.record("otel.name", format!("HTTP {method_name} {route}"));
-    if record_route {
-        span.record("http.route", route);
-    }
-    // As an integer attribute: tracing-opentelemetry would record a `u16`'s u64 as text.
-    span.record("http.response.status_code", i64::from(status));
-    if status >= 500 {
-        span.record("otel.status_code", "ERROR");
-    }
-}
-
-fn truncate(text: &str, max: usize) -> &str {
-    let mut end = text.len().min(max);
-    while !text.is_char_boundary(end) {
-        end -= 1;
-    }
-    &text[..end]
-}
-
-struct HeaderExtractor<'a>(&'a HeaderMap);
-
-impl Extractor for HeaderExtractor<'_> {
-    fn get(&self, key: &str) -> Option<&str> {
-        self.0.get(key).and_then(|value| value.to_str().ok())
-    }
-    fn keys(&self) -> Vec<&str> {
-        self.0.keys().map(http::HeaderName::as_str).collect()
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -456,11 +382,5 @@ mod tests {
         assert_eq!(agent_endpoint("::1", 6831), "[::1]:6831");
         assert_eq!(agent_endpoint("[::1]", 6831), "[::1]:6831");
         assert_eq!(agent_endpoint("jaeger", 6831), "jaeger:6831");
-    }
-
-    #[test]
-    fn only_the_nine_standard_methods_are_named() {
-        assert_eq!(standard_method(&Method::GET), Some("GET"));
-        assert_eq!(standard_method(&Method::from_bytes(b"BREW").unwrap()), None);
     }
 }

@@ -3,28 +3,7 @@
 
 use wasmparser::{CanonicalFunction, CanonicalOption, Parser, Payload};
 
-/// Why a component is refused before it is linked.
-#[derive(Debug, thiserror::Error)]
-pub enum Refusal {
-    /// A canonical function passes strings to the host in UTF-16 or latin1+UTF-16. wasmtime
-    /// would transcode each such string into a new host `String` before the host's length
-    /// checks see it: a 64-byte id could cost up to twice the guest's memory per call. With
-    /// UTF-8 the host reads a string where it lies, and only when its quota allows.
-    #[error(
-        "it passes strings to the host as {encoding} (canonical function {index}); this host \
-         accepts only UTF-8 strings from a guest"
-    )]
-    StringEncoding {
-        /// `UTF-16` or `latin1+UTF-16`.
-        encoding: &'static str,
-        /// The index of the offending canonical function, in the order they are declared.
-        index: usize,
-    },
-    /// The binary, which wasmtime accepted, could not be read through to its end here: nothing
-    /// unread is trusted.
-    #[error("its canonical functions could not be read: {0}")]
-    Unreadable(#[from] wasmparser::BinaryReaderError),
-}
+use crate::error::Refusal;
 
 /// Checks `bytes`, a component's binary, against the host's rules: every function through which
 /// the guest hands values to the host (a lowered import, and the component model's async

@@ -10,8 +10,9 @@ use prometheus::{
     TextEncoder,
 };
 
-/// The `route` label of requests whose path matches no route.
-pub const UNMATCHED_ROUTE: &str = "unmatched";
+use crate::observability::request_span::{OTHER_METHOD, standard_method};
+#[cfg(doc)]
+use crate::observability::routes::UNMATCHED;
 
 /// Request latency buckets, in seconds: 0.5 ms to 10 s.
 const DURATION_BUCKETS: &[f64] = &[
@@ -39,6 +40,18 @@ pub enum LookupResult {
     Success,
     /// No such user, or an id that is not a UUID (404).
     Failure,
+}
+
+/// What one request's guest telemetry quotas dropped, counted in
+/// `guest_telemetry_dropped_total` by kind.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct DroppedGuestTelemetry {
+    /// Spans not opened.
+    pub spans: u64,
+    /// Attributes not recorded.
+    pub attributes: u64,
+    /// Log events not written.
+    pub log_events: u64,
 }
 
 /// The host's metrics, registered in a registry of their own.
@@ -170,7 +183,7 @@ impl Metrics {
         }
     }
 
-    /// Counts one answered request and its latency. `route` is a template or [`UNMATCHED_ROUTE`].
+    /// Counts one answered request and its latency. `route` is a template or [`UNMATCHED`].
     pub fn observe_request(
         &self,
         method: &http::Method,
@@ -224,7 +237,7 @@ impl Metrics {
     }
 
     /// Counts what one request's guest telemetry quotas dropped.
-    pub fn observe_dropped_guest_telemetry(&self, dropped: crate::telemetry::Dropped) {
+    pub fn observe_dropped_guest_telemetry(&self, dropped: DroppedGuestTelemetry) {
         for (signal, count) in [
             ("span", dropped.spans),
             ("attribute", dropped.attributes),
@@ -271,12 +284,13 @@ pub const CONTENT_TYPE: &str = prometheus::TEXT_FORMAT;
 /// Standard methods by name; any other method is one `_OTHER` label (as on spans and log
 /// lines), so clients cannot grow the label set.
 fn method_label(method: &http::Method) -> &'static str {
-    crate::instrument::standard_method(method).unwrap_or(crate::instrument::OTHER_METHOD)
+    standard_method(method).unwrap_or(OTHER_METHOD)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::observability::routes::UNMATCHED;
 
     #[test]
     fn requests_are_counted_by_method_route_and_status() {
@@ -307,7 +321,7 @@ mod tests {
     fn unusual_methods_share_one_label() {
         let metrics = Metrics::new();
         let custom = http::Method::from_bytes(b"BREW").unwrap();
-        metrics.observe_request(&custom, UNMATCHED_ROUTE, 404, Duration::ZERO);
+        metrics.observe_request(&custom, UNMATCHED, 404, Duration::ZERO);
         assert!(
             metrics.render(Some(0)).contains(
                 r#"http_requests_total{method="_OTHER",route="unmatched",status="404"} 1"#

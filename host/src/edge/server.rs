@@ -7,8 +7,8 @@
 
 use std::convert::Infallible;
 use std::future::Future;
+use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, PoisonError, RwLock};
 use std::time::{Duration, Instant};
 
 use http::{HeaderMap, HeaderName, HeaderValue, Method, Request, Response, StatusCode, header};
@@ -21,17 +21,16 @@ use hyper_util::server::graceful::GracefulShutdown;
 use tokio::net::TcpListener;
 use tracing::Instrument;
 
-use crate::connections::{AwaitNextHead, ConnectionTable, Phase, Ticket};
-
-use crate::error::{RequestError, one_line};
-use crate::guest::Guest;
-use crate::instrument;
-use crate::metrics::{self, Metrics};
-use crate::request_body::{BodyBuffers, BodyError, GuestRequestBody, ReadBody, read_body};
-use crate::request_state::{HostFault, RequestState};
-use crate::responses::{self, ResponseBody};
-use crate::routes::{self, MatchedRoute};
-use crate::stall::StallGuard;
+use crate::edge::connections::{AwaitNextHead, ConnectionTable, MAX_HEADER_BYTES, Phase, Ticket};
+use crate::edge::request_body::{BodyBuffers, BodyError, GuestRequestBody, ReadBody, read_body};
+use crate::edge::responses::{self, ResponseBody};
+use crate::edge::stall::StallGuard;
+use crate::error::{HostFault, RequestError, one_line};
+use crate::observability::metrics::{self, Metrics};
+use crate::observability::request_span;
+use crate::observability::routes::{self, MatchedRoute};
+use crate::runtime::Serving;
+use crate::runtime::store::RequestContext;
 use crate::user_store::UserStore;
 
 /// The header that carries a request's id, in both directions.
@@ -42,8 +41,6 @@ pub const MAX_REQUEST_ID_LEN: usize = 128;
 pub const WRITE_STALL_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long a client may take to send a request's head; a slower one is disconnected.
 pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(5);
-/// The most bytes of request line and headers hyper buffers; a larger head is refused by hyper.
-pub const MAX_HEADER_BYTES: usize = 64 * 1024;
 /// How long a `/metrics` scrape waits for the store's user count before it serves the last one.
 pub const USERS_STORED_WAIT: Duration = Duration::from_millis(250);
 /// How long in-flight requests may take to finish once shutdown starts.
@@ -55,7 +52,7 @@ pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(8);
 /// Everything the per-request path needs, shared by all connections.
 pub struct App {
     /// The guest serving new requests; a reload swaps it while running requests keep theirs.
-    guest: RwLock<Arc<ServingGuest>>,
+    serving: Arc<Serving>,
     users: Arc<UserStore>,
     metrics: Arc<Metrics>,
     limits: ClientLimits,
@@ -76,17 +73,23 @@ pub struct ClientLimits {
     /// gets 503.
     pub body_buffer_bytes: usize,
     /// Connections served at once; when full, one that is not being answered gives way to a
-    /// newcomer (see [`crate::connections`]), and only otherwise is the newcomer answered 503.
+    /// newcomer (see [`crate::edge::connections`]), and only otherwise is the newcomer answered 503.
     pub max_connections: usize,
 }
 
 impl App {
-    /// The service around `guest`, with `users` as its store, within `limits`.
-    pub fn new(guest: ServingGuest, users: Arc<UserStore>, limits: ClientLimits) -> App {
+    /// The service around the guest `serving` names, with `users` as its store, counted in
+    /// `metrics`, within `limits`.
+    pub fn new(
+        serving: Arc<Serving>,
+        users: Arc<UserStore>,
+        metrics: Arc<Metrics>,
+        limits: ClientLimits,
+    ) -> App {
         App {
-            guest: RwLock::new(Arc::new(guest)),
+            serving,
             users,
-            metrics: Arc::new(Metrics::new()),
+            metrics,
             connections: ConnectionTable::new(limits.max_connections),
             body_buffers: BodyBuffers::new(limits.body_buffer_bytes),
             limits,
@@ -98,7 +101,7 @@ impl App {
         let started = Instant::now();
         let request_id = request_id(request.headers());
         let method = request.method().clone();
-        let span = instrument::request_span(
+        let span = request_span::request_span(
             &method,
             request.uri().path(),
             request_id.to_str().unwrap_or_default(),
@@ -114,7 +117,7 @@ impl App {
 
         let status = response.status().as_u16();
         let (route, span_lacks_route) = matched_route.answer();
-        instrument::record_answer(&span, &method, &route, span_lacks_route, status);
+        request_span::record_answer(&span, &method, &route, span_lacks_route, status);
         // One line per failed request, with its cause when the host knows it.
         let cause = host_fault.take();
         span.in_scope(|| {
@@ -200,18 +203,18 @@ impl App {
                 .insert(header::HOST, HeaderValue::from_static("localhost"));
         }
         let request = Request::from_parts(parts, body);
-        let mut state = RequestState::new(
+        let context = RequestContext::new(
             Arc::clone(&self.users),
-            Some(Arc::clone(&self.metrics)),
+            Arc::clone(&self.metrics),
             span.clone(),
             Arc::clone(matched_route),
+            Arc::clone(host_fault),
         );
-        state.host_fault = Some(Arc::clone(host_fault));
-        let serving = self.serving_guest();
+        let serving = self.serving.current();
         // The guest changes with a swap: each request span says which one answered it.
         span.record("guest.version", serving.version.as_str());
-        let response = match serving.guest.handle(state, request).await {
-            Ok(response) => response,
+        let response = match serving.guest.handle(context, request).await {
+            Ok(response) => response.map(BodyExt::boxed_unsync),
             Err(error) => {
                 let (status, message) = match error {
                     RequestError::Timeout => {
@@ -240,16 +243,9 @@ impl App {
         response
     }
 
-    /// The guest serving new requests, and its version.
-    pub fn serving_guest(&self) -> Arc<ServingGuest> {
-        // Only an `Arc` is cloned under the lock: the per-request cost is one atomic increment.
-        Arc::clone(&self.guest.read().unwrap_or_else(PoisonError::into_inner))
-    }
-
-    /// Serves new requests with `guest` from now on; returns the guest it replaces.
-    pub fn swap_guest(&self, guest: ServingGuest) -> Arc<ServingGuest> {
-        let mut serving = self.guest.write().unwrap_or_else(PoisonError::into_inner);
-        std::mem::replace(&mut serving, Arc::new(guest))
+    /// The guest serving new requests, which a reload swaps.
+    pub fn serving(&self) -> &Serving {
+        &self.serving
     }
 
     /// The host's metrics.
@@ -270,14 +266,6 @@ impl App {
         let page = self.metrics.render(count);
         responses::full(StatusCode::OK, metrics::CONTENT_TYPE, page)
     }
-}
-
-/// A loaded guest and the version its health probe reported.
-pub struct ServingGuest {
-    /// The pre-instantiated component; cheap to clone.
-    pub guest: Guest,
-    /// `version` from the guest's `/api/health`, for logs.
-    pub version: String,
 }
 
 /// The client's `x-request-id` when it is 1 to 128 visible ASCII characters, else a new UUID v4.

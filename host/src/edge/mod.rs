@@ -1,0 +1,15 @@
+//! The HTTP edge: where clients meet the host, and every limit a client meets.
+//!
+//! - [`server`]: the accept loop and the per-request path (request ids, limits, errors);
+//! - [`connections`]: the connection table, and which connection gives way when it is full;
+//! - [`stall`]: connections that give up on a client that stops reading;
+//! - [`request_body`]: the request body, read within its limits before the guest sees it;
+//! - [`responses`]: the one place that builds the host's own responses;
+//! - [`settings`]: the flags and variables of all of the above.
+
+pub mod connections;
+pub mod request_body;
+pub mod responses;
+pub mod server;
+pub mod settings;
+pub mod stall;

@@ -1,0 +1,129 @@
+//! The request's server span: its name, its fields by OpenTelemetry's HTTP conventions, the
+//! caller's trace it continues, and what the answer adds to it.
+
+use http::{HeaderMap, Method};
+use opentelemetry::propagation::Extractor;
+use opentelemetry::trace::TraceContextExt;
+use tracing::field::Empty;
+use tracing_opentelemetry::OpenTelemetrySpanExt;
+
+/// Longest `url.path` recorded on a span: a span must fit in one UDP packet to the agent.
+const MAX_RECORDED_PATH: usize = 1024;
+/// The longest non-standard method recorded as `http.request.method_original`.
+const MAX_RECORDED_METHOD: usize = 32;
+/// The methods OpenTelemetry's HTTP conventions know; any other is recorded as [`OTHER_METHOD`].
+const STANDARD_METHODS: &[Method] = &[
+    Method::GET,
+    Method::HEAD,
+    Method::POST,
+    Method::PUT,
+    Method::DELETE,
+    Method::CONNECT,
+    Method::OPTIONS,
+    Method::TRACE,
+    Method::PATCH,
+];
+/// `http.request.method` of a request whose method is not a standard one.
+pub const OTHER_METHOD: &str = "_OTHER";
+
+/// The method's name when it is one of the nine standard ones; clients choose methods, so only
+/// these may become span names or label values.
+pub fn standard_method(method: &Method) -> Option<&'static str> {
+    STANDARD_METHODS
+        .iter()
+        .find(|standard| *standard == method)
+        .map(Method::as_str)
+}
+/// The server span of one request, continuing the caller's trace when the request carries a
+/// W3C `traceparent`. Named `HTTP <METHOD>` until [`record_answer`] adds the route.
+pub fn request_span(
+    method: &Method,
+    path: &str,
+    request_id: &str,
+    headers: &HeaderMap,
+) -> tracing::Span {
+    let path = truncate(path, MAX_RECORDED_PATH);
+    // Clients choose the method: only the standard ones become span names or attribute values,
+    // so the set of names stays bounded and a 5,000-byte method is not logged whole.
+    let method_name = standard_method(method).unwrap_or(OTHER_METHOD);
+    let method_original = standard_method(method)
+        .is_none()
+        .then(|| truncate(method.as_str(), MAX_RECORDED_METHOD));
+    let span = tracing::info_span!(
+        "request",
+        otel.name = format!("HTTP {method_name}"),
+        otel.kind = "server",
+        otel.status_code = Empty,
+        http.request.method = method_name,
+        http.request.method_original = method_original,
+        http.route = Empty,
+        url.path = path,
+        http.response.status_code = Empty,
+        guest.version = Empty,
+        request_id,
+        trace_id = Empty,
+        span_id = Empty,
+    );
+    let caller = opentelemetry::global::get_text_map_propagator(|propagator| {
+        propagator.extract(&HeaderExtractor(headers))
+    });
+    span.set_parent(caller);
+    let context = span.context();
+    let span_context = context.span().span_context().clone();
+    if span_context.is_valid() {
+        span.record("trace_id", span_context.trace_id().to_string());
+        span.record("span_id", span_context.span_id().to_string());
+    }
+    span
+}
+
+/// Records the answer on the request span: its route in the name (`HTTP <METHOD> <route>`) and,
+/// unless the span already carries it, in `http.route`; its status; a 5xx marks it an error.
+pub fn record_answer(
+    span: &tracing::Span,
+    method: &Method,
+    route: &str,
+    record_route: bool,
+    status: u16,
+) {
+    let method_name = standard_method(method).unwrap_or(OTHER_METHOD);
+    span.record("otel.name", format!("HTTP {method_name} {route}"));
+    if record_route {
+        span.record("http.route", route);
+    }
+    // As an integer attribute: tracing-opentelemetry would record a `u16`'s u64 as text.
+    span.record("http.response.status_code", i64::from(status));
+    if status >= 500 {
+        span.record("otel.status_code", "ERROR");
+    }
+}
+
+fn truncate(text: &str, max: usize) -> &str {
+    let mut end = text.len().min(max);
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    &text[..end]
+}
+
+struct HeaderExtractor<'a>(&'a HeaderMap);
+
+impl Extractor for HeaderExtractor<'_> {
+    fn get(&self, key: &str) -> Option<&str> {
+        self.0.get(key).and_then(|value| value.to_str().ok())
+    }
+    fn keys(&self) -> Vec<&str> {
+        self.0.keys().map(http::HeaderName::as_str).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_the_nine_standard_methods_are_named() {
+        assert_eq!(standard_method(&Method::GET), Some("GET"));
+        assert_eq!(standard_method(&Method::from_bytes(b"BREW").unwrap()), None);
+    }
+}

@@ -1,0 +1,198 @@
+//! What one request's wasm store holds, and so everything the guest can reach: the
+//! `wasi:http` interfaces, clocks and randomness, and the service's `users` and `telemetry`
+//! interfaces, each on its own state; and the limits wasmtime enforces on the instance.
+//!
+//! It gets no preopened directories, no environment, no arguments, no sockets and no outgoing
+//! HTTP: the WASI context is empty and outgoing requests are refused.
+
+use std::sync::Arc;
+
+use wasmtime::component::ResourceTable;
+use wasmtime::{Engine, Store};
+use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
+use wasmtime_wasi_http::p2::bindings::http::types::ErrorCode;
+use wasmtime_wasi_http::{WasiHttpCtx, WasiHttpCtxView, WasiHttpHooks, WasiHttpView};
+
+use crate::error::HostFault;
+use crate::interfaces::telemetry::{GuestTelemetry, TelemetryView};
+use crate::interfaces::users::{UserCalls, UsersView};
+use crate::observability::metrics::Metrics;
+use crate::observability::routes::{MatchedRoute, RouteTemplates};
+use crate::runtime::capacity::InstanceLimiter;
+use crate::user_store::UserStore;
+
+/// Resource handles one request's guest may hold at once (streams, fields, spans...): far more
+/// than a request needs, far fewer than wasmtime's default million, which a guest leaking
+/// handles in a loop turns into gigabytes of host memory.
+pub const MAX_RESOURCES_PER_REQUEST: usize = 16 * 1024;
+
+/// What the host knows of one request before its guest runs.
+pub struct RequestContext {
+    /// The shared store behind the `users` interface.
+    users: Arc<UserStore>,
+    /// Where the request is reported; `None` for requests the host sends itself.
+    reporting: Option<Reporting>,
+}
+
+/// Where a client's request is traced, logged and counted.
+struct Reporting {
+    metrics: Arc<Metrics>,
+    /// The request's server span: the parent of every span the guest opens.
+    request_span: tracing::Span,
+    /// Where the route the guest names goes, for the server that labels the answer.
+    matched_route: Arc<MatchedRoute>,
+    /// Where the first thing that failed on the host's side goes, for the request's ERROR line.
+    host_fault: Arc<HostFault>,
+}
+
+impl RequestContext {
+    /// A client's request inside `request_span`, on `users`, counted in `metrics`: the route
+    /// its guest names goes to `matched_route`, a store failure to `host_fault`.
+    pub fn new(
+        users: Arc<UserStore>,
+        metrics: Arc<Metrics>,
+        request_span: tracing::Span,
+        matched_route: Arc<MatchedRoute>,
+        host_fault: Arc<HostFault>,
+    ) -> RequestContext {
+        RequestContext {
+            users,
+            reporting: Some(Reporting {
+                metrics,
+                request_span,
+                matched_route,
+                host_fault,
+            }),
+        }
+    }
+
+    /// A request the host sends itself (a health probe), on `users`: no span, no log lines,
+    /// no metrics.
+    pub fn quiet(users: Arc<UserStore>) -> RequestContext {
+        RequestContext {
+            users,
+            reporting: None,
+        }
+    }
+
+    /// The metrics the request is counted in, if it is a client's.
+    pub fn metrics(&self) -> Option<Arc<Metrics>> {
+        self.reporting
+            .as_ref()
+            .map(|reporting| Arc::clone(&reporting.metrics))
+    }
+}
+
+/// The data of one request's `wasmtime::Store`.
+pub struct RequestState {
+    wasi: WasiCtx,
+    http: WasiHttpCtx,
+    /// Resources (streams, requests, responses, span handles) the guest holds handles to.
+    table: ResourceTable,
+    hooks: DenyOutgoingRequests,
+    users: UserCalls,
+    telemetry: GuestTelemetry,
+    /// The instance's resource limits and the host-wide memory budget, enforced by wasmtime.
+    limits: InstanceLimiter,
+}
+
+/// The store of one request described by `context`, for an instance of a guest whose route
+/// labels are `route_templates`, within `limits`.
+pub fn new_store(
+    engine: &Engine,
+    context: RequestContext,
+    route_templates: Arc<RouteTemplates>,
+    limits: InstanceLimiter,
+) -> Store<RequestState> {
+    let RequestContext { users, reporting } = context;
+    let (users, telemetry) = match reporting {
+        Some(reporting) => (
+            UserCalls::new(users, Arc::clone(&reporting.metrics), reporting.host_fault),
+            GuestTelemetry::new(
+                reporting.request_span,
+                reporting.matched_route,
+                route_templates,
+                Some(reporting.metrics),
+            ),
+        ),
+        None => (UserCalls::quiet(users), GuestTelemetry::off()),
+    };
+    let wasi = WasiCtx::builder()
+        .allow_tcp(false)
+        .allow_udp(false)
+        .allow_ip_name_lookup(false)
+        .build();
+    let mut table = ResourceTable::new();
+    table.set_max_capacity(MAX_RESOURCES_PER_REQUEST);
+    let state = RequestState {
+        wasi,
+        http: WasiHttpCtx::new(),
+        table,
+        hooks: DenyOutgoingRequests,
+        users,
+        telemetry,
+        limits,
+    };
+    let mut store = Store::new(engine, state);
+    store.limiter(|state| &mut state.limits);
+    store
+}
+
+impl UsersView for RequestState {
+    fn users(&mut self) -> (&mut UserCalls, &tracing::Span) {
+        (&mut self.users, self.telemetry.innermost_span())
+    }
+}
+
+impl TelemetryView for RequestState {
+    fn telemetry(&mut self) -> (&mut GuestTelemetry, &mut ResourceTable) {
+        (&mut self.telemetry, &mut self.table)
+    }
+}
+
+impl WasiView for RequestState {
+    fn ctx(&mut self) -> WasiCtxView<'_> {
+        WasiCtxView {
+            ctx: &mut self.wasi,
+            table: &mut self.table,
+        }
+    }
+}
+
+impl WasiHttpView for RequestState {
+    fn http(&mut self) -> WasiHttpCtxView<'_> {
+        WasiHttpCtxView {
+            ctx: &mut self.http,
+            table: &mut self.table,
+            hooks: &mut self.hooks,
+        }
+    }
+}
+
+/// `wasi:http` hooks that refuse every outgoing request: the guest talks to no one.
+struct DenyOutgoingRequests;
+
+impl WasiHttpHooks for DenyOutgoingRequests {
+    fn send_request(
+        &mut self,
+        _request: http::Request<wasmtime_wasi_http::WasiBody>,
+        _options: Option<wasmtime_wasi_http::RequestOptions>,
+        _fut: Box<dyn Future<Output = Result<(), wasmtime_wasi_http::Error>> + Send>,
+    ) -> Box<
+        dyn Future<
+                Output = Result<
+                    (
+                        http::Response<wasmtime_wasi_http::WasiBody>,
+                        Box<dyn Future<Output = Result<(), wasmtime_wasi_http::Error>> + Send>,
+                    ),
+                    wasmtime_wasi_http::Error,
+                >,
+            > + Send,
+    > {
+        Box::new(async { Err(wasmtime_wasi_http::Error::HttpRequestDenied) })
+    }
+
+    fn p2_error_from_hyper(&mut self, _error: &hyper::Error) -> ErrorCode {
+        ErrorCode::HttpProtocolError
+    }
+}
