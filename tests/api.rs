@@ -9,7 +9,7 @@ use std::collections::HashSet;
 
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
-use support::{Host, Store, client, guest_path, raw_request};
+use support::{Host, Store, client, raw_request};
 
 /// Sends `method path` with an optional JSON body and returns status, headers and parsed body.
 async fn send(
@@ -90,7 +90,7 @@ fn assert_error(
 }
 
 async fn health_answers_200_healthy_with_the_guest_version(store: Store) {
-    let host = Host::start_on(&store);
+    let host = Host::builder().store(&store).start();
     let (status, headers, body) = send(&host, "GET", "/api/health", None).await;
     assert_eq!(status, StatusCode::OK);
     assert_eq!(headers["content-type"], "application/json");
@@ -98,14 +98,14 @@ async fn health_answers_200_healthy_with_the_guest_version(store: Store) {
 }
 
 async fn the_user_list_starts_empty(store: Store) {
-    let host = Host::start_on(&store);
+    let host = Host::builder().store(&store).start();
     let (status, _, body) = send(&host, "GET", "/api/users", None).await;
     assert_eq!(status, StatusCode::OK);
     assert_eq!(body, json!([]));
 }
 
 async fn creating_a_user_answers_201_with_exactly_id_name_and_email(store: Store) {
-    let host = Host::start_on(&store);
+    let host = Host::builder().store(&store).start();
     let user = create(&host, "  Ada Lovelace ", "ada@example.com").await;
     let fields: HashSet<&str> = user
         .as_object()
@@ -122,7 +122,7 @@ async fn creating_a_user_answers_201_with_exactly_id_name_and_email(store: Store
 }
 
 async fn users_are_listed_in_creation_order_and_fetched_by_id_in_any_case(store: Store) {
-    let host = Host::start_on(&store);
+    let host = Host::builder().store(&store).start();
     let users = [
         create(&host, "C", "c@example.com").await,
         create(&host, "A", "a@example.com").await,
@@ -141,7 +141,7 @@ async fn users_are_listed_in_creation_order_and_fetched_by_id_in_any_case(store:
 }
 
 async fn an_unknown_or_malformed_user_id_is_404_user_not_found(store: Store) {
-    let host = Host::start_on(&store);
+    let host = Host::builder().store(&store).start();
     create(&host, "A", "a@example.com").await;
     for id in [
         uuid::Uuid::new_v4().to_string(),
@@ -155,7 +155,7 @@ async fn an_unknown_or_malformed_user_id_is_404_user_not_found(store: Store) {
 }
 
 async fn an_invalid_email_is_400_invalid_email_format_and_stores_nothing(store: Store) {
-    let host = Host::start_on(&store);
+    let host = Host::builder().store(&store).start();
     for email in [
         "invalid-email",
         "a@b",
@@ -177,7 +177,7 @@ async fn an_invalid_email_is_400_invalid_email_format_and_stores_nothing(store: 
 }
 
 async fn missing_or_wrongly_typed_user_fields_are_400(store: Store) {
-    let host = Host::start_on(&store);
+    let host = Host::builder().store(&store).start();
     let bodies = [
         json!({"name": "A"}),
         json!({"email": "a@example.com"}),
@@ -196,7 +196,7 @@ async fn missing_or_wrongly_typed_user_fields_are_400(store: Store) {
 }
 
 async fn unknown_fields_in_a_user_body_are_ignored(store: Store) {
-    let host = Host::start_on(&store);
+    let host = Host::builder().store(&store).start();
     let (status, _, user) = send(
         &host,
         "POST",
@@ -210,7 +210,7 @@ async fn unknown_fields_in_a_user_body_are_ignored(store: Store) {
 }
 
 async fn a_duplicate_email_in_any_case_is_409(store: Store) {
-    let host = Host::start_on(&store);
+    let host = Host::builder().store(&store).start();
     create(&host, "A", "Ada@Example.com").await;
     let (status, headers, body) = send(
         &host,
@@ -232,7 +232,10 @@ async fn a_duplicate_email_in_any_case_is_409(store: Store) {
 }
 
 async fn a_full_user_store_answers_503(store: Store) {
-    let host = Host::start_on_with(&store, &guest_path("guest"), &[("MAX_USERS", "2")]);
+    let host = Host::builder()
+        .store(&store)
+        .env(&[("MAX_USERS", "2")])
+        .start();
     create(&host, "A", "a@example.com").await;
     create(&host, "B", "b@example.com").await;
     let (status, headers, body) = send(
@@ -246,7 +249,7 @@ async fn a_full_user_store_answers_503(store: Store) {
 }
 
 async fn compute_returns_exact_fibonacci_numbers(store: Store) {
-    let host = Host::start_on(&store);
+    let host = Host::builder().store(&store).start();
     for (n, expected) in [(0, 0), (1, 1), (10, 55), (20, 6765), (35, 9_227_465)] {
         let (status, _, body) = send(&host, "POST", "/api/compute", Some(json!({"n": n}))).await;
         assert_eq!(status, StatusCode::OK);
@@ -264,7 +267,7 @@ async fn compute_returns_exact_fibonacci_numbers(store: Store) {
 }
 
 async fn compute_refuses_n_out_of_range_or_not_a_json_integer(store: Store) {
-    let host = Host::start_on(&store);
+    let host = Host::builder().store(&store).start();
     let refused = [
         r#"{"n": 36}"#,
         r#"{"n": 50}"#,
@@ -285,7 +288,7 @@ async fn compute_refuses_n_out_of_range_or_not_a_json_integer(store: Store) {
 }
 
 async fn unknown_paths_are_404_with_a_json_error(store: Store) {
-    let host = Host::start_on(&store);
+    let host = Host::builder().store(&store).start();
     for (method, path) in [
         ("GET", "/"),
         ("GET", "/api/nope"),
@@ -298,7 +301,7 @@ async fn unknown_paths_are_404_with_a_json_error(store: Store) {
 }
 
 async fn a_wrong_method_is_405_with_allow(store: Store) {
-    let host = Host::start_on(&store);
+    let host = Host::builder().store(&store).start();
     let cases = [
         ("DELETE", "/api/health", "GET, HEAD"),
         ("POST", "/api/health", "GET, HEAD"),
@@ -321,7 +324,7 @@ async fn a_wrong_method_is_405_with_allow(store: Store) {
 }
 
 async fn head_is_answered_like_get_without_a_body(store: Store) {
-    let host = Host::start_on(&store);
+    let host = Host::builder().store(&store).start();
     for path in ["/api/health", "/api/users", "/metrics"] {
         let response = client().head(host.url(path)).send().await.unwrap();
         assert_eq!(response.status(), StatusCode::OK, "{path}");
@@ -331,7 +334,7 @@ async fn head_is_answered_like_get_without_a_body(store: Store) {
 }
 
 async fn a_post_without_json_content_type_is_415(store: Store) {
-    let host = Host::start_on(&store);
+    let host = Host::builder().store(&store).start();
     for content_type in [
         None,
         Some("text/plain"),
@@ -352,7 +355,7 @@ async fn a_post_without_json_content_type_is_415(store: Store) {
 }
 
 async fn a_body_that_is_not_a_json_object_is_400(store: Store) {
-    let host = Host::start_on(&store);
+    let host = Host::builder().store(&store).start();
     for body in [
         "{",
         "",
@@ -371,7 +374,10 @@ async fn a_body_that_is_not_a_json_object_is_400(store: Store) {
 }
 
 async fn a_body_over_the_limit_is_413_before_the_guest_runs(store: Store) {
-    let host = Host::start_on_with(&store, &guest_path("guest"), &[("MAX_BODY_BYTES", "1000")]);
+    let host = Host::builder()
+        .store(&store)
+        .env(&[("MAX_BODY_BYTES", "1000")])
+        .start();
     let oversized = format!(
         r#"{{"name":"{}","email":"a@example.com"}}"#,
         "x".repeat(1000)
@@ -401,7 +407,7 @@ async fn a_body_over_the_limit_is_413_before_the_guest_runs(store: Store) {
 }
 
 async fn the_default_body_limit_is_one_mebibyte(store: Store) {
-    let host = Host::start_on(&store);
+    let host = Host::builder().store(&store).start();
     let json = Some("application/json");
     let (status, headers, body) =
         post_raw(&host, "/api/compute", json, vec![b' '; 2 * 1024 * 1024]).await;
@@ -415,7 +421,10 @@ async fn the_default_body_limit_is_one_mebibyte(store: Store) {
 }
 
 async fn checks_run_in_the_contract_order(store: Store) {
-    let host = Host::start_on_with(&store, &guest_path("guest"), &[("MAX_BODY_BYTES", "10")]);
+    let host = Host::builder()
+        .store(&store)
+        .env(&[("MAX_BODY_BYTES", "10")])
+        .start();
     let big = "x".repeat(100);
     let post = |path: &str, content_type: &'static str, body: String| {
         client()
@@ -463,7 +472,7 @@ async fn checks_run_in_the_contract_order(store: Store) {
 }
 
 async fn every_response_carries_an_x_request_id(store: Store) {
-    let host = Host::start_on(&store);
+    let host = Host::builder().store(&store).start();
     let requests = [
         ("GET", "/api/health"),
         ("GET", "/api/users"),
@@ -488,7 +497,7 @@ async fn every_response_carries_an_x_request_id(store: Store) {
 }
 
 async fn a_valid_client_request_id_is_kept_and_an_invalid_one_replaced(store: Store) {
-    let host = Host::start_on(&store);
+    let host = Host::builder().store(&store).start();
     let kept = client()
         .get(host.url("/api/health"))
         .header("x-request-id", "trace-me-42")
@@ -509,7 +518,7 @@ async fn a_valid_client_request_id_is_kept_and_an_invalid_one_replaced(store: St
 }
 
 async fn metrics_are_prometheus_text_on_the_api_port(store: Store) {
-    let host = Host::start_on(&store);
+    let host = Host::builder().store(&store).start();
     send(&host, "GET", "/api/health", None).await;
     let response = client().get(host.url("/metrics")).send().await.unwrap();
     assert_eq!(response.status(), StatusCode::OK);
@@ -529,7 +538,7 @@ async fn metrics_are_prometheus_text_on_the_api_port(store: Store) {
 }
 
 async fn two_hundred_concurrent_creations_all_land(store: Store) {
-    let host = Host::start_on(&store);
+    let host = Host::builder().store(&store).start();
     let tasks: Vec<_> = (0..200)
         .map(|i| {
             let url = host.url("/api/users");
@@ -565,11 +574,11 @@ async fn two_hundred_concurrent_creations_all_land(store: Store) {
 
 async fn a_trapping_guest_gets_500_and_the_host_keeps_serving(store: Store) {
     // It fails its probe as it fails everything: loaded unprobed.
-    let mut host = Host::start_on_with(
-        &store,
-        &guest_path("panicking-guest"),
-        &[("GUEST_PROBE_PATH", "off")],
-    );
+    let mut host = Host::builder()
+        .store(&store)
+        .guest("panicking-guest")
+        .env(&[("GUEST_PROBE_PATH", "off")])
+        .start();
     for _ in 0..3 {
         let (status, headers, body) = send(&host, "GET", "/api/health", None).await;
         assert_error(status, &headers, &body, StatusCode::INTERNAL_SERVER_ERROR);
@@ -582,7 +591,7 @@ async fn a_trapping_guest_gets_500_and_the_host_keeps_serving(store: Store) {
 }
 
 async fn a_request_without_host_header_is_still_served(store: Store) {
-    let host = Host::start_on(&store);
+    let host = Host::builder().store(&store).start();
     let answer = raw_request(host.authority(), b"GET /api/health HTTP/1.0\r\n\r\n").await;
     assert!(
         answer.starts_with("HTTP/1.0 200") || answer.starts_with("HTTP/1.1 200"),

@@ -149,10 +149,9 @@ fn assert_closed_within(outcomes: &[Outcome], limit: Duration, what: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_new_client_is_served_while_a_thousand_half_heads_and_a_thousand_half_bodies_wait() {
-    let host = Host::start_with(
-        &support::guest_path("guest"),
-        &[("BODY_TIMEOUT_MS", &BODY_TIMEOUT.as_millis().to_string())],
-    );
+    let host = Host::builder()
+        .env(&[("BODY_TIMEOUT_MS", &BODY_TIMEOUT.as_millis().to_string())])
+        .start();
     let (heads, bodies) = flood(&host).await;
     // hyper's head timeout, then closed; a stalled body gets its 408, then closed.
     assert_closed_within(
@@ -173,13 +172,12 @@ async fn a_new_client_is_served_while_a_thousand_half_heads_and_a_thousand_half_
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_a_full_table_slow_connections_give_way_to_new_clients() {
     // 256 places for 2,000 slow connections: every newcomer takes the place of a slow one.
-    let host = Host::start_with(
-        &support::guest_path("guest"),
-        &[
+    let host = Host::builder()
+        .env(&[
             ("MAX_CONNECTIONS", "256"),
             ("BODY_TIMEOUT_MS", &BODY_TIMEOUT.as_millis().to_string()),
-        ],
-    );
+        ])
+        .start();
     let (heads, bodies) = flood(&host).await;
     assert_closed_within(
         &heads,

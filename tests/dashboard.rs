@@ -167,7 +167,7 @@ async fn every_dashboard_expression_parses_and_returns_data_from_a_real_promethe
         expressions.len() >= 7,
         "the dashboard lost panels: {expressions:?}"
     );
-    let host = Arc::new(Host::start());
+    let host = Arc::new(Host::builder().start());
     let prometheus = Prometheus::start_scraping(host.authority());
     let stop = Arc::new(AtomicBool::new(false));
     let traffic = tokio::spawn(keep_traffic_flowing(Arc::clone(&host), Arc::clone(&stop)));

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 use support::jaeger::Agent;
-use support::{Host, client, get, guest_path, hostile_host, raw_request};
+use support::{Host, client, get, hostile_host, raw_request};
 
 async fn assert_still_serving(host: &Host) {
     assert_eq!(
@@ -21,10 +21,10 @@ async fn assert_still_serving(host: &Host) {
 #[tokio::test]
 async fn a_trapping_guest_gets_500_quickly() {
     // It fails its probe as it fails everything: loaded unprobed.
-    let host = Host::start_with(
-        &guest_path("panicking-guest"),
-        &[("GUEST_PROBE_PATH", "off")],
-    );
+    let host = Host::builder()
+        .guest("panicking-guest")
+        .env(&[("GUEST_PROBE_PATH", "off")])
+        .start();
     let started = Instant::now();
     let (status, body) = get(&host, "/api/health").await;
     assert_eq!(
@@ -175,7 +175,7 @@ async fn too_many_concurrent_requests_wait_briefly_then_get_503() {
 
 #[tokio::test]
 async fn garbage_bytes_are_refused_by_hyper_and_the_host_serves_on() {
-    let host = Host::start();
+    let host = Host::builder().start();
     let answer = raw_request(host.authority(), b"\x00\x01\x02 not http at all\r\n\r\n").await;
     assert!(
         answer.is_empty() || answer.starts_with("HTTP/1.1 400"),
@@ -186,7 +186,7 @@ async fn garbage_bytes_are_refused_by_hyper_and_the_host_serves_on() {
 
 #[tokio::test]
 async fn a_100_kb_request_line_is_refused_and_the_host_serves_on() {
-    let host = Host::start();
+    let host = Host::builder().start();
     let request = format!(
         "GET /{} HTTP/1.1\r\nhost: x\r\n\r\n",
         "a".repeat(100 * 1024)
@@ -203,7 +203,7 @@ async fn a_100_kb_request_line_is_refused_and_the_host_serves_on() {
 #[tokio::test]
 async fn a_half_sent_request_left_idle_is_disconnected() {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let host = Host::start();
+    let host = Host::builder().start();
     let mut stream = tokio::net::TcpStream::connect(host.authority())
         .await
         .unwrap();
@@ -222,10 +222,9 @@ async fn a_half_sent_request_left_idle_is_disconnected() {
 async fn sigterm_lets_a_running_compute_finish_flushes_spans_and_exits_0() {
     let mut agent = Agent::start();
     let port = agent.port.to_string();
-    let mut host = Host::start_with(
-        &guest_path("guest"),
-        &[("OTEL_EXPORTER_JAEGER_AGENT_PORT", &port)],
-    );
+    let mut host = Host::builder()
+        .env(&[("OTEL_EXPORTER_JAEGER_AGENT_PORT", &port)])
+        .start();
     let url = host.url("/api/compute");
     let compute = tokio::spawn(async move {
         let response = client()
@@ -263,7 +262,7 @@ async fn sigterm_lets_a_running_compute_finish_flushes_spans_and_exits_0() {
 
 #[tokio::test]
 async fn a_deeply_nested_body_is_a_400_not_a_stack_overflow() {
-    let host = Host::start();
+    let host = Host::builder().start();
     for depth in [100, 10_000] {
         let body = format!(r#"{{"n":{}{}}}"#, "[".repeat(depth), "]".repeat(depth));
         let response = client()
@@ -359,7 +358,7 @@ async fn an_attribute_flood_is_bounded_and_the_host_serves_on() {
 
 #[tokio::test]
 async fn a_host_header_that_is_not_an_authority_is_a_400_not_a_server_fault() {
-    let host = Host::start();
+    let host = Host::builder().start();
     for request in [
         &b"GET /api/health HTTP/1.1\r\nHost: \xff\r\nConnection: close\r\n\r\n"[..],
         b"GET /api/health HTTP/1.1\r\nHost: a b\r\nConnection: close\r\n\r\n",
@@ -384,7 +383,7 @@ async fn a_host_header_that_is_not_an_authority_is_a_400_not_a_server_fault() {
 
 #[tokio::test]
 async fn unknown_and_huge_methods_are_recorded_as_other_and_cut_short() {
-    let host = Host::start();
+    let host = Host::builder().start();
     let huge = "X".repeat(5_000);
     for method in ["BREW", huge.as_str()] {
         let request =

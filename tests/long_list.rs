@@ -9,17 +9,16 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 use support::lists::{PeakResident, ask_for_the_list, create_many};
-use support::{Host, Store, client, guest_path};
+use support::{Host, Store, client};
 
 async fn a_long_list_streams_in_bounded_memory(store: Store) {
     const USERS: usize = 100_000;
     const CLIENTS: usize = 32;
     // A debug host streaming 32 lists at once needs longer than the default deadline.
-    let host = Host::start_on_with(
-        &store,
-        &guest_path("guest"),
-        &[("REQUEST_TIMEOUT_MS", "120000")],
-    );
+    let host = Host::builder()
+        .store(&store)
+        .env(&[("REQUEST_TIMEOUT_MS", "120000")])
+        .start();
     let creating = Instant::now();
     create_many(&host, USERS, 64, "User").await;
     eprintln!(
@@ -67,11 +66,10 @@ async fn a_long_list_streams_in_bounded_memory(store: Store) {
 /// still streaming when it comes.
 async fn a_list_cut_by_the_deadline_never_looks_complete(store: Store) {
     use tokio::io::AsyncReadExt;
-    let host = Host::start_on_with(
-        &store,
-        &guest_path("guest"),
-        &[("REQUEST_TIMEOUT_MS", "2000"), ("STORE_POOL_SIZE", "16")],
-    );
+    let host = Host::builder()
+        .store(&store)
+        .env(&[("REQUEST_TIMEOUT_MS", "2000"), ("STORE_POOL_SIZE", "16")])
+        .start();
     // About 6 MB of JSON: more than the socket buffers hold. As many creations at once as the
     // pool has connections, so none waits for one past its 1 s call timeout.
     create_many(&host, 20_000, 16, &"n".repeat(200)).await;
@@ -97,15 +95,14 @@ async fn a_list_cut_by_the_deadline_never_looks_complete(store: Store) {
 /// With no streaming slots, a slow reader keeps its running slot, but only until the deadline.
 #[tokio::test]
 async fn slow_readers_hold_their_instance_no_longer_than_the_deadline() {
-    let host = Host::start_on_with(
-        &Store::Memory,
-        &guest_path("guest"),
-        &[
+    let host = Host::builder()
+        .store(&Store::Memory)
+        .env(&[
             ("MAX_INSTANCES", "2"),
             ("MAX_STREAMING", "0"),
             ("REQUEST_TIMEOUT_MS", "1000"),
-        ],
-    );
+        ])
+        .start();
     create_many(&host, 20_000, 64, &"n".repeat(200)).await;
     // Both instance slots go to clients that ask for the list and never read it.
     let mut slow_readers = Vec::new();
@@ -130,7 +127,7 @@ async fn slow_readers_hold_their_instance_no_longer_than_the_deadline() {
 
 #[tokio::test]
 async fn sigterm_with_a_slow_reader_exits_within_the_grace_and_flushes_its_logs() {
-    let mut host = Host::start_on(&Store::Memory);
+    let mut host = Host::builder().store(&Store::Memory).start();
     create_many(&host, 20_000, 64, &"n".repeat(200)).await;
     // A client that asks for the whole list and reads none of it.
     let slow_reader = ask_for_the_list(&host).await;

@@ -50,7 +50,7 @@ fn host_exporting_to(
         ("OTEL_BSP_SCHEDULE_DELAY", schedule_ms),
     ];
     env.extend_from_slice(extra);
-    Host::start_with(&guest_path("guest"), &env)
+    Host::builder().env(&env).start()
 }
 
 async fn create_user_with_id(host: &Host, request_id: &str, traceparent: Option<&str>) {
@@ -349,7 +349,9 @@ async fn sigterm_with_a_collector_that_never_answers_still_exits_promptly() {
 
 #[tokio::test]
 async fn a_collector_that_never_answers_does_not_slow_requests() {
-    let quiet = Host::start_with(&guest_path("guest"), &[("OTEL_TRACES_EXPORTER", "none")]);
+    let quiet = Host::builder()
+        .env(&[("OTEL_TRACES_EXPORTER", "none")])
+        .start();
     p99_of_health(&quiet).await; // warm-up
     let baseline = p99_of_health(&quiet).await;
     drop(quiet);

@@ -60,7 +60,7 @@ fn count_lines(host: &Host, message: &str) -> usize {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ten_swaps_under_steady_load_fail_not_one_request() {
     let live = live_guest();
-    let host = Arc::new(Host::start_with(&live, &[]));
+    let host = Arc::new(Host::builder().guest_at(&live).start());
     let stop = Arc::new(AtomicBool::new(false));
     let load: Vec<_> = (0..4)
         .map(|_| {
@@ -118,7 +118,7 @@ async fn ten_swaps_under_steady_load_fail_not_one_request() {
 #[tokio::test]
 async fn garbage_another_world_and_a_failing_guest_are_rejected_while_the_old_guest_serves() {
     let live = live_guest();
-    let host = Host::start_with(&live, &[]);
+    let host = Host::builder().guest_at(&live).start();
     let garbage = support::tempdir().join("garbage.wasm");
     std::fs::write(&garbage, b"\0asm\x0d\0\x01\0 and then nothing that parses").unwrap();
     let rejected = [
@@ -200,7 +200,10 @@ async fn the_probe_path_is_a_flag_and_off_swaps_in_a_guest_unprobed() {
     );
     // Probing off: a guest that fails every request is swapped in all the same.
     let live = live_guest();
-    let host = Host::start_with(&live, &[("GUEST_PROBE_PATH", "off")]);
+    let host = Host::builder()
+        .guest_at(&live)
+        .env(&[("GUEST_PROBE_PATH", "off")])
+        .start();
     replace_by_rename(&live, &guest_path("panicking-guest"));
     host.signal("HUP");
     wait_for_lines(&host, "guest reloaded", 1).await;
@@ -269,15 +272,15 @@ async fn a_guest_with_routes_the_host_never_heard_of_is_labelled_and_limited_by_
     let mut agent = Agent::start();
     let port = agent.port.to_string();
     let live = live_guest();
-    let host = Host::start_with(
-        &live,
-        &[
+    let host = Host::builder()
+        .guest_at(&live)
+        .env(&[
             ("MAX_BODY_BYTES", "1024"),
             ("OTEL_EXPORTER_JAEGER_AGENT_HOST", "127.0.0.1"),
             ("OTEL_EXPORTER_JAEGER_AGENT_PORT", &port),
             ("OTEL_BSP_SCHEDULE_DELAY", "100"),
-        ],
-    );
+        ])
+        .start();
     replace_by_rename(&live, &guest_path("orders-guest"));
     host.signal("HUP");
     wait_for_version(&host, "3.0.0").await;
@@ -386,14 +389,14 @@ async fn a_guest_with_routes_the_host_never_heard_of_is_labelled_and_limited_by_
 async fn a_guest_naming_routes_in_a_loop_grows_neither_its_span_nor_its_labels() {
     let mut agent = Agent::start();
     let port = agent.port.to_string();
-    let host = Host::start_with(
-        &guest_path("orders-guest"),
-        &[
+    let host = Host::builder()
+        .guest("orders-guest")
+        .env(&[
             ("OTEL_EXPORTER_JAEGER_AGENT_HOST", "127.0.0.1"),
             ("OTEL_EXPORTER_JAEGER_AGENT_PORT", &port),
             ("OTEL_BSP_SCHEDULE_DELAY", "100"),
-        ],
-    );
+        ])
+        .start();
     let (status, _) = send(&host, "GET", "/api/renaming", Vec::new(), "renaming").await;
     assert_eq!(status, 200);
     let spans = agent.wait_for(|spans| {
@@ -427,7 +430,7 @@ async fn a_guest_naming_routes_in_a_loop_grows_neither_its_span_nor_its_labels()
 
 #[tokio::test]
 async fn a_guest_naming_a_template_per_request_gets_64_labels_then_other() {
-    let host = Host::start_with(&guest_path("orders-guest"), &[]);
+    let host = Host::builder().guest("orders-guest").start();
     for n in 0..80 {
         let (status, _) = send(&host, "GET", &format!("/api/many/{n}"), Vec::new(), "many").await;
         assert_eq!(status, 200);
@@ -469,7 +472,7 @@ async fn a_guest_naming_a_template_per_request_gets_64_labels_then_other() {
 async fn a_sighup_as_soon_as_the_host_says_it_listens_reloads_and_never_kills_it() {
     for _ in 0..5 {
         let live = live_guest();
-        let mut host = Host::start_with(&live, &[]);
+        let mut host = Host::builder().guest_at(&live).start();
         replace_by_rename(&live, &guest_path("minimal-guest"));
         host.signal("HUP");
         wait_for_version(&host, MINIMAL_VERSION).await;
@@ -480,7 +483,7 @@ async fn a_sighup_as_soon_as_the_host_says_it_listens_reloads_and_never_kills_it
 #[tokio::test]
 async fn users_created_before_a_swap_are_listed_after_it() {
     let live = live_guest();
-    let host = Host::start_with(&live, &[]);
+    let host = Host::builder().guest_at(&live).start();
     let mut created = Vec::new();
     for i in 0..3 {
         created.push(
@@ -501,7 +504,10 @@ async fn users_created_before_a_swap_are_listed_after_it() {
 #[tokio::test]
 async fn with_watch_a_replaced_or_rewritten_file_is_served_without_a_signal() {
     let live = live_guest();
-    let host = Host::start_with(&live, &[("GUEST_WATCH", "1")]);
+    let host = Host::builder()
+        .guest_at(&live)
+        .env(&[("GUEST_WATCH", "1")])
+        .start();
     replace_by_rename(&live, &guest_path("minimal-guest"));
     wait_for_version(&host, MINIMAL_VERSION).await;
     // Written in place this time, as a plain `cp` does.
@@ -514,7 +520,9 @@ fn a_second_start_with_an_unchanged_guest_uses_the_compiled_component_cache() {
     let cache = support::tempdir().join("cache"); // created by the host, private
     let cache_dir = cache.to_str().unwrap();
     let start = || {
-        let host = Host::start_with(&guest_path("guest"), &[("GUEST_CACHE_DIR", cache_dir)]);
+        let host = Host::builder()
+            .env(&[("GUEST_CACHE_DIR", cache_dir)])
+            .start();
         host.wait_for_log(|line| line["message"] == "guest loaded")
     };
     let first = start();

@@ -10,7 +10,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use serde_json::json;
-use support::{Host, client, get, guest_path, hostile_host};
+use support::{Host, client, get, hostile_host};
 
 /// A swap file switched on and a memory cgroup of the test's own, both undone when dropped
 /// (a panicking test included).
@@ -141,15 +141,15 @@ async fn memory_swapped_out_and_evicted_from_the_swap_cache_reaches_the_next_ins
         }
     };
     // One instance at a time, so the next request gets the region the last one used.
-    let host = Host::start_in_cgroup(
-        &guest_path("hostile-guest"),
-        &[
+    let host = Host::builder()
+        .guest("hostile-guest")
+        .env(&[
             ("MAX_INSTANCES", "1"),
             ("MAX_STREAMING", "0"),
             ("REQUEST_TIMEOUT_MS", "4000"),
-        ],
-        &lab.procs(),
-    );
+        ])
+        .in_cgroup(&lab.procs())
+        .start();
     // The instance fills 512 KiB with the secret and computes on until its deadline; meanwhile
     // its pages go to swap and out of the swap cache, as a busy machine would do to them.
     let url = host.url("/secret-hold");

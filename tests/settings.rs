@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 use support::jaeger::Agent;
-use support::{Host, Store, client, guest_path};
+use support::{Host, Store, get_with_id, guest_path};
 
 /// Runs the host binary with `args` and `env` until it exits (a host that starts is killed
 /// after 20 s: failure enough for these tests).
@@ -21,17 +21,6 @@ fn run_host(args: &[&str], env: &[(&str, &str)]) -> std::process::Output {
         .args(args)
         .envs(env.iter().copied());
     support::run_to_exit(command, Duration::from_secs(20))
-}
-
-async fn get_with_id(host: &Host, path: &str, request_id: &str) -> u16 {
-    client()
-        .get(host.url(path))
-        .header("x-request-id", request_id)
-        .send()
-        .await
-        .unwrap()
-        .status()
-        .as_u16()
 }
 
 /// The JSON lines of request `request_id` at `level`, once the host has written them.
@@ -98,17 +87,19 @@ async fn padded_and_empty_variables_follow_one_rule_and_spans_still_flow() {
     // A padded port is trimmed (it was refused), an empty host counts as unset (localhost).
     let mut agent = Agent::start();
     let port = format!(" {} ", agent.port);
-    let host = Host::start_with(
-        &guest_path("guest"),
-        &[
+    let host = Host::builder()
+        .env(&[
             ("OTEL_EXPORTER_JAEGER_AGENT_HOST", " 127.0.0.1 "),
             ("OTEL_EXPORTER_JAEGER_AGENT_PORT", &port),
             ("OTEL_TRACES_EXPORTER", " jaeger "),
             ("OTEL_SERVICE_NAME", ""),
             ("OTEL_BSP_SCHEDULE_DELAY", "100"),
-        ],
+        ])
+        .start();
+    assert_eq!(
+        get_with_id(&host, "/api/health", "padded").await.status(),
+        200
     );
-    assert_eq!(get_with_id(&host, "/api/health", "padded").await, 200);
     let spans = agent.wait_for(|spans| {
         spans
             .iter()
@@ -116,13 +107,12 @@ async fn padded_and_empty_variables_follow_one_rule_and_spans_still_flow() {
     });
     assert!(!spans.is_empty());
     // An empty port counts as unset: the default port, said at start, and no WARN about it.
-    let host = Host::start_with(
-        &guest_path("guest"),
-        &[
+    let host = Host::builder()
+        .env(&[
             ("OTEL_EXPORTER_JAEGER_AGENT_PORT", ""),
             ("OTEL_EXPORTER_JAEGER_AGENT_HOST", ""),
-        ],
-    );
+        ])
+        .start();
     let started = host.wait_for_log(|line| line["exporter"] == "jaeger");
     assert_eq!(started["endpoint"], "udp://localhost:6831", "{started}");
     assert!(
@@ -134,23 +124,50 @@ async fn padded_and_empty_variables_follow_one_rule_and_spans_still_flow() {
 }
 
 #[tokio::test]
+async fn a_flag_wins_over_its_variable_as_far_as_the_exporter() {
+    // The variable names a port where no agent listens; the flag names the agent's.
+    let mut agent = Agent::start();
+    let port = agent.port.to_string();
+    let host = Host::builder()
+        .env(&[
+            ("OTEL_EXPORTER_JAEGER_AGENT_PORT", "9"),
+            ("OTEL_BSP_SCHEDULE_DELAY", "100"),
+        ])
+        .flags(&["--jaeger-agent-port", &port])
+        .start();
+    assert_eq!(
+        get_with_id(&host, "/api/health", "flag-wins")
+            .await
+            .status(),
+        200
+    );
+    let spans = agent.wait_for(|spans| {
+        spans
+            .iter()
+            .any(|span| span.str_tag("request_id") == Some("flag-wins"))
+    });
+    assert!(!spans.is_empty());
+}
+
+#[tokio::test]
 async fn the_start_up_line_names_the_exporter_and_a_failing_export_is_one_warn_line() {
     let closed = support::free_port();
     let endpoint = format!("http://127.0.0.1:{closed}");
-    let host = Host::start_with(
-        &guest_path("guest"),
-        &[
+    let host = Host::builder()
+        .env(&[
             ("OTEL_TRACES_EXPORTER", "otlp"),
             ("OTEL_EXPORTER_OTLP_ENDPOINT", &endpoint),
             ("OTEL_EXPORTER_OTLP_TIMEOUT", "500"),
             ("OTEL_BSP_SCHEDULE_DELAY", "100"),
-        ],
-    );
+        ])
+        .start();
     let started = host.wait_for_log(|line| line["exporter"] == "otlp/http");
     assert_eq!(started["endpoint"], format!("{endpoint}/v1/traces"));
     for i in 0..20 {
         assert_eq!(
-            get_with_id(&host, "/api/health", &format!("r{i}")).await,
+            get_with_id(&host, "/api/health", &format!("r{i}"))
+                .await
+                .status(),
             200
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
@@ -172,11 +189,14 @@ async fn the_start_up_line_names_the_exporter_and_a_failing_export_is_one_warn_l
 
 #[tokio::test]
 async fn a_failed_request_writes_one_error_line_with_its_cause() {
-    let host = Host::start_with(
-        &guest_path("panicking-guest"),
-        &[("GUEST_PROBE_PATH", "off")],
+    let host = Host::builder()
+        .guest("panicking-guest")
+        .env(&[("GUEST_PROBE_PATH", "off")])
+        .start();
+    assert_eq!(
+        get_with_id(&host, "/api/health", "trapped").await.status(),
+        500
     );
-    assert_eq!(get_with_id(&host, "/api/health", "trapped").await, 500);
     let deadline = Instant::now() + Duration::from_secs(5);
     while lines_of(&host, "trapped", "ERROR").is_empty() && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(20)).await;
@@ -200,11 +220,10 @@ async fn a_request_whose_store_is_down_writes_one_error_line_naming_the_store() 
     let Store::Postgres(url) = &store else {
         unreachable!()
     };
-    let host = Host::start_on_with(
-        &store,
-        &guest_path("guest"),
-        &[("STORE_CACHE_MB", "0"), ("REQUEST_TIMEOUT_MS", "4000")],
-    );
+    let host = Host::builder()
+        .store(&store)
+        .env(&[("STORE_CACHE_MB", "0"), ("REQUEST_TIMEOUT_MS", "4000")])
+        .start();
     // The database goes away under the running host: every lookup now fails.
     let name = url.rsplit('/').next().unwrap();
     support::postgres::Server::shared()
@@ -214,7 +233,8 @@ async fn a_request_whose_store_is_down_writes_one_error_line_naming_the_store() 
         "/api/users/00000000-0000-4000-8000-000000000000",
         "down",
     )
-    .await;
+    .await
+    .status();
     assert_eq!(status, 503);
     tokio::time::sleep(Duration::from_millis(300)).await;
     let errors = lines_of(&host, "down", "ERROR");
@@ -231,10 +251,13 @@ async fn a_request_whose_store_is_down_writes_one_error_line_naming_the_store() 
 #[tokio::test]
 async fn a_restart_on_an_existing_database_logs_no_library_notice_and_no_build_path() {
     let store = Store::postgres();
-    let mut first = Host::start_on(&store);
+    let mut first = Host::builder().store(&store).start();
     first.terminate();
-    let second = Host::start_on(&store);
-    assert_eq!(get_with_id(&second, "/api/health", "again").await, 200);
+    let second = Host::builder().store(&store).start();
+    assert_eq!(
+        get_with_id(&second, "/api/health", "again").await.status(),
+        200
+    );
     for host in [&first, &second] {
         for line in host.log_lines() {
             let object = line.as_object().unwrap();

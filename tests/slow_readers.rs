@@ -18,7 +18,7 @@ use support::{Host, Store, client};
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hundreds_of_slow_readers_leave_health_fast_and_memory_bounded() {
     const SLOW_READERS: usize = 300;
-    let host = Host::start_on(&Store::Memory);
+    let host = Host::builder().store(&Store::Memory).start();
     create_many(&host, 40_000, 64, "Some User").await;
     let idle = host.resident_bytes();
     let peak = PeakResident::start(&host);

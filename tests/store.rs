@@ -41,9 +41,11 @@ fn url_of(store: &Store) -> &str {
 #[tokio::test]
 async fn two_hosts_on_one_database_share_their_users() {
     let store = Store::postgres();
-    let a = Host::start_on(&store);
+    let a = Host::builder().store(&store).start();
     // DATABASE_URL is honoured when USER_STORE is unset.
-    let b = Host::start_with(&guest_path("guest"), &[("DATABASE_URL", url_of(&store))]);
+    let b = Host::builder()
+        .env(&[("DATABASE_URL", url_of(&store))])
+        .start();
 
     let created = create_user(&a, "Ada", "ada@example.com").await;
     let id = created["id"].as_str().unwrap();
@@ -56,7 +58,10 @@ async fn two_hosts_on_one_database_share_their_users() {
 #[tokio::test]
 async fn concurrent_creations_over_two_hosts_give_exactly_one_201_per_email() {
     let store = Store::postgres();
-    let hosts = [Host::start_on(&store), Host::start_on(&store)];
+    let hosts = [
+        Host::builder().store(&store).start(),
+        Host::builder().store(&store).start(),
+    ];
     // 200 requests, alternating between the hosts; the first 20 e-mails are sent twice, once to
     // each host, at the same moment.
     let emails: Vec<String> = (0..200)
@@ -100,8 +105,8 @@ async fn the_cap_holds_across_hosts() {
     let store = Store::postgres();
     let env = [("MAX_USERS", "10")];
     let hosts = [
-        Host::start_on_with(&store, &guest_path("guest"), &env),
-        Host::start_on_with(&store, &guest_path("guest"), &env),
+        Host::builder().store(&store).env(&env).start(),
+        Host::builder().store(&store).env(&env).start(),
     ];
     let tasks: Vec<_> = (0..40)
         .map(|i| {
@@ -135,7 +140,7 @@ async fn replicas_starting_at_the_same_moment_all_start_and_migrate_once() {
     let starting: Vec<_> = (0..4)
         .map(|_| {
             let store = store.clone();
-            std::thread::spawn(move || Host::start_on(&store))
+            std::thread::spawn(move || Host::builder().store(&store).start())
         })
         .collect();
     let hosts: Vec<Host> = starting
@@ -160,19 +165,19 @@ async fn acknowledged_users_survive_a_sigterm_and_a_sigkill() {
         .replacen("postgres@", "postgres:hunter2@", 1);
     assert!(url.contains("hunter2"));
     let store = Store::Postgres(url);
-    let mut first = Host::start_on(&store);
+    let mut first = Host::builder().store(&store).start();
     let mut acknowledged = Vec::new();
     for i in 0..20 {
         acknowledged.push(create_user(&first, "U", &format!("u{i}@x.io")).await);
     }
     assert!(first.terminate().success());
 
-    let mut second = Host::start_on(&store);
+    let mut second = Host::builder().store(&store).start();
     let last = create_user(&second, "Last", "last@x.io").await;
     second.kill(); // right after the 201: nothing gets a chance to flush
     acknowledged.push(last);
 
-    let third = Host::start_on(&store);
+    let third = Host::builder().store(&store).start();
     assert_eq!(get_json(&third, "/api/users").await, json!(acknowledged));
     for host in [&first, &second, &third] {
         let output = host.stdout.lock().unwrap().join("\n");
@@ -190,7 +195,7 @@ type Answer = (&'static str, u16, Value);
 async fn an_outage_is_a_503_while_health_and_metrics_stay_200_and_the_host_recovers_alone() {
     let server = Server::start_own();
     let store = Store::Postgres(server.create_database());
-    let mut host = Host::start_on(&store);
+    let mut host = Host::builder().store(&store).start();
     let before = create_user(&host, "Before", "before@x.io").await;
     let id = before["id"].as_str().unwrap().to_string();
 

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 use support::jaeger::{Agent, Span};
-use support::{Host, client, guest_path};
+use support::{Host, client, get_with_id};
 
 /// A host serving `guest` whose spans go to `agent`, exported every `schedule_ms`, under
 /// `service_name`.
@@ -21,16 +21,16 @@ fn host_exporting_to(agent: &Agent, guest: &str, service_name: &str, schedule_ms
     } else {
         "/api/health"
     };
-    Host::start_with(
-        &guest_path(guest),
-        &[
+    Host::builder()
+        .guest(guest)
+        .env(&[
             ("OTEL_SERVICE_NAME", service_name),
             ("OTEL_EXPORTER_JAEGER_AGENT_HOST", "127.0.0.1"),
             ("OTEL_EXPORTER_JAEGER_AGENT_PORT", &port),
             ("OTEL_BSP_SCHEDULE_DELAY", schedule_ms),
             ("GUEST_PROBE_PATH", probe),
-        ],
-    )
+        ])
+        .start()
 }
 
 /// A host serving the real guest whose spans go to `agent`, exported every 100 ms, under
@@ -47,15 +47,6 @@ fn server_span_for<'a>(spans: &'a [Span], request_id: &str) -> Vec<&'a Span> {
                 && span.str_tag("request_id") == Some(request_id)
         })
         .collect()
-}
-
-async fn get_with_id(host: &Host, path: &str, request_id: &str) -> reqwest::Response {
-    client()
-        .get(host.url(path))
-        .header("x-request-id", request_id)
-        .send()
-        .await
-        .unwrap()
 }
 
 async fn post_with_id(host: &Host, path: &str, request_id: &str, body: Value) -> reqwest::Response {
@@ -249,7 +240,7 @@ async fn an_incoming_traceparent_continues_the_callers_trace() {
 
 #[tokio::test]
 async fn log_lines_are_json_and_carry_the_request_id_and_trace_id() {
-    let host = Host::start();
+    let host = Host::builder().start();
     get_with_id(&host, "/api/health", "log-me-1").await;
     get_with_id(
         &host,
@@ -295,7 +286,7 @@ async fn log_lines_are_json_and_carry_the_request_id_and_trace_id() {
 
 #[tokio::test]
 async fn creations_computations_and_validation_failures_are_logged() {
-    let host = Host::start();
+    let host = Host::builder().start();
     post_with_id(
         &host,
         "/api/users",
@@ -337,7 +328,10 @@ async fn creations_computations_and_validation_failures_are_logged() {
 
 #[tokio::test]
 async fn rust_log_warn_hides_every_info_line() {
-    let host = Host::start_on_free_port(&[("RUST_LOG", "warn")]);
+    let host = Host::builder()
+        .free_port()
+        .env(&[("RUST_LOG", "warn")])
+        .start();
     get_with_id(&host, "/api/health", "quiet-1").await;
     get_with_id(&host, "/api/users/nope", "quiet-2").await;
     host.wait_for_log(|line| line["request_id"] == "quiet-2" && line["level"] == "WARN");
@@ -353,10 +347,9 @@ async fn rust_log_warn_hides_every_info_line() {
 #[tokio::test]
 async fn the_log_file_receives_the_same_lines_as_stdout() {
     let log_file = support::tempdir().join("nested/dir/app.log");
-    let host = Host::start_with(
-        &guest_path("guest"),
-        &[("LOG_FILE", log_file.to_str().unwrap())],
-    );
+    let host = Host::builder()
+        .env(&[("LOG_FILE", log_file.to_str().unwrap())])
+        .start();
     get_with_id(&host, "/api/health", "to-file-1").await;
     host.wait_for_log(|line| line["request_id"] == "to-file-1");
 
@@ -385,10 +378,9 @@ async fn an_unwritable_log_file_is_one_warning_and_the_service_runs_on() {
     let blocker = support::tempdir().join("not-a-directory");
     std::fs::write(&blocker, b"a file where a directory should be").unwrap();
     let log_file = blocker.join("app.log");
-    let host = Host::start_with(
-        &guest_path("guest"),
-        &[("LOG_FILE", log_file.to_str().unwrap())],
-    );
+    let host = Host::builder()
+        .env(&[("LOG_FILE", log_file.to_str().unwrap())])
+        .start();
     assert_eq!(
         client()
             .get(host.url("/api/health"))
@@ -415,7 +407,7 @@ async fn sample(host: &Host, name: &str, labels: &[(&str, &str)]) -> f64 {
 
 #[tokio::test]
 async fn a_health_call_adds_exactly_one_200_to_http_requests_total() {
-    let host = Host::start();
+    let host = Host::builder().start();
     let labels = [
         ("method", "GET"),
         ("route", "/api/health"),
@@ -431,7 +423,7 @@ async fn a_health_call_adds_exactly_one_200_to_http_requests_total() {
 
 #[tokio::test]
 async fn lookup_successes_and_failures_are_counted_apart() {
-    let host = Host::start();
+    let host = Host::builder().start();
     let user = support::create_user(&host, "A", "a@x.io").await;
     let id = user["id"].as_str().unwrap();
     for _ in 0..2 {
@@ -467,7 +459,7 @@ async fn lookup_successes_and_failures_are_counted_apart() {
 
 #[tokio::test]
 async fn a_thousand_random_ids_make_one_bounded_route_label() {
-    let host = Host::start();
+    let host = Host::builder().start();
     for _ in 0..1000 {
         let id = uuid::Uuid::new_v4();
         client()
@@ -510,7 +502,7 @@ async fn a_thousand_random_ids_make_one_bounded_route_label() {
 
 #[tokio::test]
 async fn metrics_include_instantiation_time_and_process_metrics() {
-    let host = Host::start();
+    let host = Host::builder().start();
     client().get(host.url("/api/health")).send().await.unwrap();
     let text = support::prometheus::text(&host).await;
     assert!(

@@ -105,34 +105,6 @@ pub fn variables() -> Vec<String> {
     names
 }
 
-/// Applies the one rule for values to the process environment, for the span exporters of the
-/// OpenTelemetry 0.23 family, which read some of these variables again themselves, raw, and let
-/// them win over the values they are given: each variable the host reads is trimmed, and an
-/// empty one removed. The host's own reading does not need it.
-///
-/// # Safety
-///
-/// Changes the process environment: call it before any other thread runs.
-pub unsafe fn normalize_environment_for_exporters() {
-    for name in variables() {
-        let Some(value) = std::env::var_os(&name) else {
-            continue;
-        };
-        let Some(text) = value.to_str() else {
-            continue; // Refused by the checks, which read it as text.
-        };
-        let trimmed = text.trim();
-        // SAFETY: the caller runs this before any other thread exists.
-        unsafe {
-            if trimmed.is_empty() {
-                std::env::remove_var(&name);
-            } else if trimmed.len() != text.len() {
-                std::env::set_var(&name, trimmed);
-            }
-        }
-    }
-}
-
 /// Applies the one rule for values to the command line: a flag's value is trimmed, and a flag
 /// whose value is empty is dropped, so it counts as unset (the variable, then the default).
 pub fn normalized_args(args: impl IntoIterator<Item = OsString>) -> Vec<OsString> {

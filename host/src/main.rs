@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::Context;
-use host::config::{self, Config};
+use host::config::Config;
 use host::edge::server::{self, App};
 use host::observability::metrics::Metrics;
 use host::observability::pipeline;
@@ -25,8 +25,6 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 const EVENT_INTERVAL: u32 = 4;
 
 fn main() -> ExitCode {
-    // SAFETY: first thing in `main`, before any other thread exists.
-    unsafe { config::normalize_environment_for_exporters() };
     let config = match Config::read(std::env::args_os(), |name| std::env::var_os(name)) {
         Ok(config) => config,
         Err(not_read) if not_read.is_error => {

@@ -18,8 +18,10 @@ use std::time::Duration;
 /// Runs `command` (its host variables cleared) to its exit, killing it after `limit`: a host
 /// that should refuse to start but starts must fail the test, not hang it.
 pub fn run_to_exit(mut command: Command, limit: Duration) -> std::process::Output {
-    for var in CONFIG_VARS {
-        if command.get_envs().all(|(name, _)| name != *var) {
+    // Every variable the host reads is cleared, unless the test set it: the machine's
+    // environment cannot change what a test sees.
+    for var in host::config::variables() {
+        if command.get_envs().all(|(name, _)| name != var.as_str()) {
             command.env_remove(var);
         }
     }
@@ -41,55 +43,6 @@ pub fn run_to_exit(mut command: Command, limit: Duration) -> std::process::Outpu
 
 /// How long a host may take to start before the test fails.
 const START_TIMEOUT: Duration = Duration::from_secs(60);
-
-/// Variables of the contract's configuration table, cleared so the machine's environment
-/// cannot change what a test sees.
-const CONFIG_VARS: &[&str] = &[
-    "GUEST_COMPONENT",
-    "PORT",
-    "BIND",
-    "GUEST_WATCH",
-    "REQUEST_TIMEOUT_MS",
-    "MAX_BODY_BYTES",
-    "GUEST_MEMORY_MB",
-    "MAX_USERS",
-    "LOG_FILE",
-    "RUST_LOG",
-    "OTEL_SERVICE_NAME",
-    "OTEL_EXPORTER_JAEGER_AGENT_HOST",
-    "OTEL_EXPORTER_JAEGER_AGENT_PORT",
-    "OTEL_TRACES_EXPORTER",
-    "OTEL_SDK_DISABLED",
-    "OTEL_EXPORTER_OTLP_ENDPOINT",
-    "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
-    "OTEL_EXPORTER_OTLP_PROTOCOL",
-    "OTEL_EXPORTER_OTLP_HEADERS",
-    "OTEL_EXPORTER_OTLP_TIMEOUT",
-    "OTEL_RESOURCE_ATTRIBUTES",
-    "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL",
-    "OTEL_EXPORTER_OTLP_TRACES_HEADERS",
-    "OTEL_EXPORTER_OTLP_TRACES_TIMEOUT",
-    "OTEL_EXPORTER_OTLP_COMPRESSION",
-    "OTEL_EXPORTER_OTLP_TRACES_COMPRESSION",
-    "OTEL_BSP_SCHEDULE_DELAY",
-    "OTEL_BSP_MAX_QUEUE_SIZE",
-    "OTEL_BSP_MAX_EXPORT_BATCH_SIZE",
-    "OTEL_BSP_EXPORT_TIMEOUT",
-    "OTEL_BSP_MAX_CONCURRENT_EXPORTS",
-    "GUEST_PROBE_PATH",
-    "GUEST_CACHE_DIR",
-    "USER_STORE",
-    "DATABASE_URL",
-    "STORE_POOL_SIZE",
-    "STORE_CONNECT_TIMEOUT_SECS",
-    "STORE_CACHE_MB",
-    "BODY_TIMEOUT_MS",
-    "MAX_CONNECTIONS",
-    "GUEST_MEMORY_BUDGET_MB",
-    "MAX_USERS",
-    "MAX_INSTANCES",
-    "MAX_STREAMING",
-];
 
 /// The user store a test's host runs on.
 #[derive(Debug, Clone)]
@@ -152,7 +105,7 @@ pub fn guest_path(crate_name: &str) -> PathBuf {
 
 /// The host serving `fixtures/hostile-guest`, with extra environment variables.
 pub fn hostile_host(env: &[(&str, &str)]) -> Host {
-    Host::start_with(&guest_path("hostile-guest"), env)
+    Host::builder().guest("hostile-guest").env(env).start()
 }
 
 /// `GET path`: the status and the JSON body (`null` when the body is not JSON).
@@ -163,6 +116,16 @@ pub async fn get(host: &Host, path: &str) -> (u16, serde_json::Value) {
         status,
         response.json().await.unwrap_or(serde_json::Value::Null),
     )
+}
+
+/// `GET path` with `x-request-id: request_id`, so the request's spans and lines can be found.
+pub async fn get_with_id(host: &Host, path: &str, request_id: &str) -> reqwest::Response {
+    client()
+        .get(host.url(path))
+        .header("x-request-id", request_id)
+        .send()
+        .await
+        .unwrap()
 }
 
 /// A running host process, killed when dropped.
@@ -176,47 +139,86 @@ pub struct Host {
     pub log_file: PathBuf,
 }
 
-impl Host {
-    /// The host serving the real guest with default settings.
-    pub fn start() -> Host {
-        Host::start_with(&guest_path("guest"), &[])
+/// How to start a host process: the real guest with default settings, on a port it picks,
+/// unless told otherwise. The one way the tests start a host.
+#[must_use = "nothing starts until `start`"]
+pub struct HostBuilder {
+    guest: PathBuf,
+    env: Vec<(String, String)>,
+    flags: Vec<String>,
+    port: u16,
+    cgroup_procs: Option<PathBuf>,
+}
+
+impl HostBuilder {
+    /// Serves the fixture (or `guest`) of this crate name, as `make build` left it.
+    pub fn guest(self, crate_name: &str) -> HostBuilder {
+        self.guest_at(&guest_path(crate_name))
     }
 
-    /// The host serving `guest`, with extra environment variables. It reports its address in
-    /// its start-up log line, so `RUST_LOG` must let `info` through.
-    pub fn start_with(guest: &Path, env: &[(&str, &str)]) -> Host {
-        Host::spawn(guest, 0, env)
+    /// Serves the component at `path`.
+    pub fn guest_at(mut self, path: &Path) -> HostBuilder {
+        self.guest = path.to_path_buf();
+        self
     }
 
-    /// The host serving the real guest on a port picked here, for runs whose log level hides
-    /// the start-up line; ready once it accepts connections.
-    pub fn start_on_free_port(env: &[(&str, &str)]) -> Host {
-        Host::spawn(&guest_path("guest"), free_port(), env)
-    }
-
-    /// The host serving the real guest on `store` with default settings.
-    pub fn start_on(store: &Store) -> Host {
-        Host::start_on_with(store, &guest_path("guest"), &[])
-    }
-
-    /// The host serving `guest` on `store`, with extra environment variables.
-    pub fn start_on_with(store: &Store, guest: &Path, env: &[(&str, &str)]) -> Host {
-        let store_env = store.env();
-        let mut all: Vec<(&str, &str)> = store_env
+    /// Adds environment variables; later ones win.
+    pub fn env(mut self, env: &[(&str, &str)]) -> HostBuilder {
+        let env = env
             .iter()
-            .map(|(name, value)| (*name, value.as_str()))
-            .collect();
-        all.extend_from_slice(env);
-        Host::spawn(guest, 0, &all)
+            .map(|(name, value)| (name.to_string(), value.to_string()));
+        self.env.extend(env);
+        self
     }
 
-    /// The host serving `guest`, with extra environment variables, in the cgroup whose process
-    /// list is `cgroup_procs` from its first instruction on (so all its memory is charged there).
-    pub fn start_in_cgroup(guest: &Path, env: &[(&str, &str)], cgroup_procs: &Path) -> Host {
+    /// Adds command-line flags (after the ones every test host gets).
+    pub fn flags(mut self, flags: &[&str]) -> HostBuilder {
+        self.flags.extend(flags.iter().map(|flag| flag.to_string()));
+        self
+    }
+
+    /// Keeps users in `store`.
+    pub fn store(mut self, store: &Store) -> HostBuilder {
+        let store_env = store
+            .env()
+            .into_iter()
+            .map(|(name, value)| (name.to_string(), value));
+        self.env.splice(0..0, store_env);
+        self
+    }
+
+    /// Listens on a port picked here, and is ready once it accepts connections: for runs
+    /// whose log level hides the start-up line, which otherwise tells the port.
+    pub fn free_port(mut self) -> HostBuilder {
+        self.port = free_port();
+        self
+    }
+
+    /// Runs in the cgroup whose process list is `cgroup_procs` from its first instruction on,
+    /// so all its memory is charged there.
+    pub fn in_cgroup(mut self, cgroup_procs: &Path) -> HostBuilder {
+        self.cgroup_procs = Some(cgroup_procs.to_path_buf());
+        self
+    }
+
+    /// Starts the host; returns once it listens.
+    pub fn start(self) -> Host {
+        let env: Vec<(&str, &str)> = self
+            .env
+            .iter()
+            .map(|(name, value)| (name.as_str(), value.as_str()))
+            .collect();
+        let flags = self.flags;
+        let Some(cgroup_procs) = self.cgroup_procs else {
+            return Host::spawn_with(&self.guest, self.port, &env, |command| {
+                command.args(flags);
+            });
+        };
         use std::os::unix::ffi::OsStrExt;
         use std::os::unix::process::CommandExt;
         let procs = std::ffi::CString::new(cgroup_procs.as_os_str().as_bytes()).unwrap();
-        Host::spawn_with(guest, 0, env, move |command| {
+        Host::spawn_with(&self.guest, self.port, &env, move |command| {
+            command.args(flags);
             // SAFETY: between fork and exec only async-signal-safe calls, no allocation.
             unsafe {
                 command.pre_exec(move || {
@@ -235,9 +237,18 @@ impl Host {
             }
         })
     }
+}
 
-    fn spawn(guest: &Path, port: u16, env: &[(&str, &str)]) -> Host {
-        Host::spawn_with(guest, port, env, |_| {})
+impl Host {
+    /// A host to start: the real guest with default settings unless told otherwise.
+    pub fn builder() -> HostBuilder {
+        HostBuilder {
+            guest: guest_path("guest"),
+            env: Vec::new(),
+            flags: Vec::new(),
+            port: 0,
+            cgroup_procs: None,
+        }
     }
 
     fn spawn_with(
@@ -247,7 +258,7 @@ impl Host {
         prepare: impl FnOnce(&mut Command),
     ) -> Host {
         let mut command = Command::new(env!("CARGO_BIN_EXE_host"));
-        for var in CONFIG_VARS {
+        for var in host::config::variables() {
             command.env_remove(var);
         }
         let log_dir = tempdir();

@@ -23,6 +23,7 @@ use tracing_subscriber::fmt::writer::MakeWriterExt;
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 
+use crate::observability::jaeger_agent::AgentExporter;
 use crate::observability::logs::{JsonFieldSets, JsonLines};
 use crate::observability::settings::{
     DEFAULT_LOG_FILTER, OtlpProtocol, OtlpSettings, SpanExport, TelemetrySettings,
@@ -180,22 +181,8 @@ fn tracer(
     let tracer = match &settings.export {
         SpanExport::Off => return Ok(None),
         SpanExport::JaegerAgent { host, port } => {
-            // The agent exporter is deprecated upstream in favour of OTLP, but the contract (and
-            // Jaeger's `jaeger` receiver) speak the agent's UDP protocol; allow that warning here.
-            #[allow(deprecated)]
-            let exporter = opentelemetry_jaeger::new_agent_pipeline()
-                .with_endpoint(agent_endpoint(host, *port))
-                .with_service_name(settings.service_name.clone())
-                .with_trace_config(
-                    opentelemetry_sdk::trace::config().with_resource(resource.clone()),
-                )
-                // Without splitting, a batch over the 65,000-byte UDP limit is dropped whole.
-                .with_auto_split_batch(true)
-                .with_instrumentation_library_tags(false)
-                // The exporter's async agent client hands tokio a blocking UDP socket (tokio
-                // asserts against that); the sync client sends from the batch task, and a UDP
-                // send never waits.
-                .build_sync_agent_exporter()?;
+            let exporter = AgentExporter::new(host, *port, settings.service_name.clone())
+                .map_err(|error| opentelemetry::trace::TraceError::Other(Box::new(error)))?;
             let batch = batch
                 .with_max_export_batch_size(limits.max_export_batch_size.unwrap_or(SPANS_PER_BATCH))
                 .with_max_export_timeout(limits.export_timeout.unwrap_or(AGENT_EXPORT_TIMEOUT));
@@ -362,25 +349,4 @@ fn host_name() -> String {
         .position(|&byte| byte == 0)
         .unwrap_or(buffer.len());
     String::from_utf8_lossy(&buffer[..end]).into_owned()
-}
-
-/// `host:port`, with an IPv6 address in brackets.
-fn agent_endpoint(host: &str, port: u16) -> String {
-    if host.contains(':') && !host.starts_with('[') {
-        format!("[{host}]:{port}")
-    } else {
-        format!("{host}:{port}")
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn an_ipv6_agent_address_is_bracketed() {
-        assert_eq!(agent_endpoint("::1", 6831), "[::1]:6831");
-        assert_eq!(agent_endpoint("[::1]", 6831), "[::1]:6831");
-        assert_eq!(agent_endpoint("jaeger", 6831), "jaeger:6831");
-    }
 }
