@@ -63,14 +63,15 @@ fn the_reader_sees_a_circle_and_an_import_from_above() {
     let layers: &[&[&str]] = &[&["high"], &["low"]];
     assert_eq!(imports_from_above(&upward, layers).len(), 1);
     let references = references(
-        "use crate::a::{b::C, d};\nuse super::e;\n/// [`crate::f::G`]\n",
+        "use crate::a::{b::C, d::{self, E}};\nuse super::e;\n/// [`crate::f::G`]\n\
+         use crate::{g::H, i};\n",
         "x::y",
-        &BTreeSet::from(["a", "a::b", "a::d", "x", "x::e", "f"].map(String::from)),
+        &BTreeSet::from(["a", "a::b", "a::d", "x", "x::e", "f", "g", "i"].map(String::from)),
         &[],
     );
     assert_eq!(
         references,
-        BTreeSet::from(["a::b", "a::d", "x::e", "f"].map(String::from))
+        BTreeSet::from(["a::b", "a::d", "x::e", "f", "g", "i"].map(String::from))
     );
 }
 
@@ -326,32 +327,50 @@ fn references(
     found
 }
 
-/// The paths written at the start of `text`: `a::b::C` is one, `a::{b::C, d}` two.
+/// The paths written at the start of `text`: `a::b::C` is one, `a::{b::C, d::{e, f}}` three,
+/// `{a, b}` two; `self` in a group is the group's own path.
 fn paths(text: &str) -> Vec<String> {
-    let head: String = text
-        .chars()
-        .take_while(|c| c.is_alphanumeric() || *c == '_' || *c == ':')
-        .collect();
+    let is_path = |c: char| c.is_alphanumeric() || c == '_' || c == ':';
+    let head: String = text.chars().take_while(|c| is_path(*c)).collect();
+    let rest = &text[head.len()..];
     let head = head.trim_end_matches(':').to_string();
-    let after = &text[head.len()..].trim_start_matches(':');
-    if !after.starts_with('{') || !text[head.len()..].starts_with("::{") {
+    if !rest.starts_with('{') || !(head.is_empty() || text[head.len()..].starts_with("::{")) {
         return vec![head];
     }
-    let group = &after[1..after.find('}').unwrap_or(after.len())];
-    group
-        .split(',')
-        .map(str::trim)
-        .filter(|item| !item.is_empty())
-        .map(|item| {
-            let item: String = item
-                .chars()
-                .take_while(|c| c.is_alphanumeric() || *c == '_' || *c == ':')
-                .collect();
-            if item == "self" || head.is_empty() {
-                head.clone()
-            } else {
-                format!("{head}::{item}")
+    // The group up to its matching brace, split at its own commas.
+    let mut depth = 0;
+    let mut items = vec![String::new()];
+    for c in rest.chars() {
+        match c {
+            '{' => {
+                depth += 1;
+                if depth == 1 {
+                    continue;
+                }
             }
+            '}' => {
+                depth -= 1;
+                if depth == 0 {
+                    break;
+                }
+            }
+            ',' if depth == 1 => {
+                items.push(String::new());
+                continue;
+            }
+            _ => {}
+        }
+        items.last_mut().expect("one item at least").push(c);
+    }
+    items
+        .iter()
+        .map(|item| item.trim())
+        .filter(|item| !item.is_empty())
+        .flat_map(paths)
+        .map(|path| match (head.is_empty(), path.as_str()) {
+            (_, "self") | (false, "") => head.clone(),
+            (true, _) => path,
+            (false, _) => format!("{head}::{path}"),
         })
         .collect()
 }

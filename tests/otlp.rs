@@ -215,6 +215,37 @@ async fn over_grpc_the_headers_variable_reaches_the_collector_as_metadata() {
 }
 
 #[tokio::test]
+async fn the_headers_flag_wins_over_its_variable_over_both_protocols() {
+    for protocol in [Protocol::Http, Protocol::Grpc] {
+        let collector = protocol.collector(Behaviour::Answers);
+        let endpoint = collector.base_url();
+        let host = Host::builder()
+            .env(&[
+                ("OTEL_TRACES_EXPORTER", "otlp"),
+                ("OTEL_EXPORTER_OTLP_PROTOCOL", protocol.name()),
+                ("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint.as_str()),
+                ("OTEL_BSP_SCHEDULE_DELAY", "100"),
+                (
+                    "OTEL_EXPORTER_OTLP_HEADERS",
+                    "x-tenant=from-variable,x-other=1",
+                ),
+            ])
+            .flags(&["--otel-exporter-otlp-headers", "x-tenant=from-flag"])
+            .start();
+        create_user_with_id(&host, "otlp-header-flag", None).await;
+        creation_spans(&collector, "otlp-header-flag");
+        for export in collector.headers() {
+            assert_eq!(
+                export.get("x-tenant").map(String::as_str),
+                Some("from-flag"),
+                "{protocol:?}: {export:?}"
+            );
+            assert_eq!(export.get("x-other"), None, "{protocol:?}: {export:?}");
+        }
+    }
+}
+
+#[tokio::test]
 async fn a_traces_endpoint_is_used_as_is_and_an_empty_variable_counts_as_unset() {
     // Over HTTP the full URL; the base endpoint, wrong, is ignored.
     let collector = Collector::http(Behaviour::Answers);

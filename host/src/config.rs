@@ -59,11 +59,17 @@ impl Config {
     ) -> Result<Config, NotRead> {
         let shown = Config::command();
         let typed = normalized_args(args);
-        let (args, from_variables) = with_variables(&shown, typed, var)?;
+        let (args, from_variables, bad_variable) = with_variables(&shown, typed, var);
         // Parsed without clap's own reading of the environment: every variable is in `args`.
         let parser = shown.clone().mut_args(|arg| arg.env(None::<&'static str>));
         let matches = match parser.try_get_matches_from(&args) {
             Ok(matches) => matches,
+            Err(error) if error.kind() == ErrorKind::DisplayVersion => {
+                return Err(NotRead {
+                    message: error.render().to_string(),
+                    is_error: false,
+                });
+            }
             Err(error) if error.kind() == ErrorKind::DisplayHelp => {
                 // Rendered from the command that shows each flag's variable.
                 let mut shown = shown;
@@ -77,8 +83,12 @@ impl Config {
                     is_error: false,
                 });
             }
+            Err(_) if bad_variable.is_some() => return Err(bad_variable.expect("checked")),
             Err(error) => return Err(explain(error, &from_variables)),
         };
+        if let Some(bad) = bad_variable {
+            return Err(bad);
+        }
         Config::from_arg_matches(&matches).map_err(|error| explain(error, &from_variables))
     }
 
@@ -146,14 +156,17 @@ pub fn normalized_args(args: impl IntoIterator<Item = OsString>) -> Vec<OsString
 type FromVariables = Vec<(String, String)>;
 
 /// `args` with, for each flag not typed whose variable `var` gives a value, that value as if
-/// typed; and those flags with their variables, for the errors. A switch's variable (say
+/// typed; those flags with their variables, for the errors; and the first variable that cannot
+/// be a value at all (a switch's that says neither true nor false, or text that is not UTF-8),
+/// said after `--help` and `--version` have had their turn. A switch's variable (say
 /// `GUEST_WATCH=yes`) sets the switch when it says true.
 fn with_variables(
     command: &Command,
     mut args: Vec<OsString>,
     var: impl Fn(&str) -> Option<OsString>,
-) -> Result<(Vec<OsString>, FromVariables), NotRead> {
+) -> (Vec<OsString>, FromVariables, Option<NotRead>) {
     let mut from_variables = Vec::new();
+    let mut bad_variable = None;
     for arg in command.get_arguments() {
         let (Some(variable), Some(long)) =
             (arg.get_env().and_then(|name| name.to_str()), arg.get_long())
@@ -172,8 +185,12 @@ fn with_variables(
         let value = match value.to_str() {
             Some(text) if text.trim().is_empty() => continue,
             Some(text) => OsString::from(text.trim()),
-            // Not UTF-8: the parser says so, naming the variable.
-            None => value,
+            // A path may be any bytes; every other value is text.
+            None if arg.get_value_hint() == clap::ValueHint::AnyPath => value,
+            None => {
+                bad_variable.get_or_insert_with(|| refused(variable, "not UTF-8 text"));
+                continue;
+            }
         };
         from_variables.push((flag.clone(), variable.to_string()));
         if arg.get_action().takes_values() {
@@ -181,24 +198,34 @@ fn with_variables(
             assigned.push(&value);
             args.push(assigned);
         } else {
-            if switched_on(variable, &value)? {
-                args.push(flag.into());
+            match switched_on(&value) {
+                Some(true) => args.push(flag.into()),
+                Some(false) => {}
+                None => {
+                    bad_variable.get_or_insert_with(|| refused(variable, "expected true or false"));
+                }
             }
         }
     }
-    Ok((args, from_variables))
+    (args, from_variables, bad_variable)
 }
 
-/// Whether a switch's variable says on, in the words clap takes for true and false.
-fn switched_on(variable: &str, value: &OsString) -> Result<bool, NotRead> {
+/// The error for a variable whose value cannot be read.
+fn refused(variable: &str, reason: &str) -> NotRead {
+    NotRead {
+        message: format!("error: invalid value for {variable}: {reason}\n"),
+        is_error: true,
+    }
+}
+
+/// Whether a switch's variable says on, in the words clap takes for true and false; `None`
+/// when it says neither.
+fn switched_on(value: &OsString) -> Option<bool> {
     let value = value.to_str().unwrap_or_default().to_ascii_lowercase();
     match value.as_str() {
-        "y" | "yes" | "t" | "true" | "on" | "1" => Ok(true),
-        "n" | "no" | "f" | "false" | "off" | "0" => Ok(false),
-        _ => Err(NotRead {
-            message: format!("error: invalid value for {variable}: expected true or false\n"),
-            is_error: true,
-        }),
+        "y" | "yes" | "t" | "true" | "on" | "1" => Some(true),
+        "n" | "no" | "f" | "false" | "off" | "0" => Some(false),
+        _ => None,
     }
 }
 
@@ -501,6 +528,29 @@ mod tests {
         );
         let switch = read(&[], &[("GUEST_WATCH", "perhaps")]).unwrap_err();
         assert!(switch.message.contains("GUEST_WATCH"), "{}", switch.message);
+        // Help is still help.
+        assert!(
+            !read(&["--help"], &[("GUEST_WATCH", "perhaps")])
+                .unwrap_err()
+                .is_error
+        );
+    }
+
+    #[test]
+    fn version_is_no_error_and_variables_that_are_not_text_are_named() {
+        let version = read(&["--version"], &[]).unwrap_err();
+        assert!(!version.is_error && version.message.contains(env!("CARGO_PKG_VERSION")));
+        use std::os::unix::ffi::OsStringExt;
+        let not_text = OsString::from_vec(vec![0xff, 0xfe]);
+        let refused = Config::read(args(&["host"]), |name| {
+            (name == "OTEL_SERVICE_NAME").then(|| not_text.clone())
+        })
+        .unwrap_err();
+        assert!(
+            refused.message.contains("OTEL_SERVICE_NAME"),
+            "{}",
+            refused.message
+        );
     }
 
     #[test]

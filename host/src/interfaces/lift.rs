@@ -176,7 +176,13 @@ pub fn attributes(
     mut lift_one: impl FnMut(usize, &mut Allowance) -> wasmtime::Result<Option<Attribute>>,
 ) -> wasmtime::Result<Lifted> {
     let mut lifted = Vec::new();
-    for index in 0..passed.min(allowance.attributes as usize) {
+    // With no bytes left, even an entry's handle is not fetched.
+    let fetch = if allowance.bytes == 0 {
+        0
+    } else {
+        passed.min(allowance.attributes as usize)
+    };
+    for index in 0..fetch {
         match lift_one(index, allowance)? {
             Some(attribute) => lifted.push(attribute),
             None => break,
@@ -338,6 +344,13 @@ mod tests {
             (fetched, lifted.attributes.len(), lifted.dropped),
             (3, 2, 998)
         );
+        fetched = 0;
+        let lifted = attributes(5, &mut allowance(0, 1_000), |_, _| {
+            fetched += 1;
+            Ok(Some(one()))
+        })
+        .unwrap();
+        assert_eq!((fetched, lifted.dropped), (0, 5));
     }
 
     #[test]

@@ -81,7 +81,8 @@ impl AgentExporter {
     }
 
     /// Sends `batch` in as few datagrams as fit; a span that alone exceeds a datagram is
-    /// dropped (a guest's spans are bounded far below it).
+    /// dropped, and said in the export's error once the rest is sent (a guest's spans are
+    /// bounded far below it).
     fn send(&mut self, batch: &[SpanData]) -> Result<(), TraceError> {
         let Some(first) = batch.first() else {
             return Ok(());
@@ -90,6 +91,7 @@ impl AgentExporter {
             encode(|protocol| write_process(protocol, &self.service_name, &first.resource))?;
         let mut spans: Vec<Vec<u8>> = Vec::new();
         let mut bytes = 0;
+        let mut oversized = 0;
         for span in batch {
             let encoded = encode(|protocol| write_span(protocol, span))?;
             if call_bytes(&process, bytes + encoded.len()) > self.max_datagram && !spans.is_empty()
@@ -99,6 +101,7 @@ impl AgentExporter {
                 bytes = 0;
             }
             if call_bytes(&process, encoded.len()) > self.max_datagram {
+                oversized += 1;
                 continue;
             }
             bytes += encoded.len();
@@ -106,6 +109,11 @@ impl AgentExporter {
         }
         if !spans.is_empty() {
             self.emit(&process, &spans)?;
+        }
+        if oversized > 0 {
+            return Err(TraceError::from(format!(
+                "{oversized} span(s) larger than one datagram to the agent were dropped"
+            )));
         }
         Ok(())
     }
@@ -552,7 +560,7 @@ mod tests {
             span(2, vec![KeyValue::new("huge", huge)]),
             span(3, vec![]),
         ];
-        finished(exporter.export(spans)).unwrap();
+        assert!(finished(exporter.export(spans)).is_err());
         let calls = received(&agent, MAX_DATAGRAM_BYTES);
         assert_eq!(calls.iter().map(|(_, _, spans)| spans).sum::<usize>(), 2);
     }

@@ -223,16 +223,28 @@ fn otlp_exporter(
                 .connect_timeout(timeout)
                 .build()
                 .map_err(|error| opentelemetry::trace::TraceError::Other(Box::new(error)))?;
+            let invalid = |error: String| opentelemetry::trace::TraceError::from(error);
             let endpoint = otlp
                 .endpoint
                 .parse()
-                .map_err(|error| opentelemetry::trace::TraceError::Other(Box::new(error)))?;
+                .map_err(|_| invalid("endpoint".into()))?;
+            let mut headers = otlp_http::HeaderMap::new();
+            for (name, value) in &otlp.headers {
+                // Checked as HTTP headers at start.
+                let name: otlp_http::HeaderName =
+                    name.parse().map_err(|_| invalid("header name".into()))?;
+                let value = value.parse().map_err(|_| invalid("header value".into()))?;
+                headers.insert(name, value);
+            }
             opentelemetry_otlp::new_exporter()
                 .http()
-                .with_http_client(ToEndpoint { client, endpoint })
+                .with_http_client(ToEndpoint {
+                    client,
+                    endpoint,
+                    headers,
+                })
                 .with_endpoint(&otlp.endpoint)
                 .with_timeout(timeout)
-                .with_headers(otlp.headers.iter().cloned().collect())
                 .build_span_exporter()
         }
         OtlpProtocol::Grpc => {
@@ -254,23 +266,33 @@ fn otlp_exporter(
                 .map_err(|error| opentelemetry::trace::TraceError::Other(Box::new(error)))?
                 .timeout(timeout)
                 .connect_lazy();
+            // The exporter adds the variables' headers to the metadata it is given; the
+            // interceptor, which runs last, sends only the host's. (Its error type is tonic's.)
+            #[allow(clippy::result_large_err)]
+            let host_metadata = move |mut request: tonic::Request<()>| {
+                *request.metadata_mut() = metadata.clone();
+                Ok(request)
+            };
             opentelemetry_otlp::new_exporter()
                 .tonic()
                 .with_channel(channel)
-                .with_metadata(metadata)
+                .with_interceptor(host_metadata)
                 .build_span_exporter()
         }
     }
 }
 
-/// The OTLP/HTTP client: sends every export to the endpoint the settings name. opentelemetry-otlp
-/// 0.16 reads the `OTEL_EXPORTER_OTLP_*` variables again itself, raw, and lets them win over the
-/// endpoint it is given (a blank one becomes a URL of its own); the host reads each variable
-/// once, and this is where its reading wins.
+/// The OTLP/HTTP client: sends every export to the endpoint, with the headers, the settings
+/// name. opentelemetry-otlp 0.16 reads the `OTEL_EXPORTER_OTLP_*` variables again itself, raw,
+/// and lets them win over what it is given (a blank endpoint becomes a URL of its own, the
+/// variable's headers are added last); the host reads each variable once, and this is where its
+/// reading wins.
 #[derive(Debug)]
 struct ToEndpoint {
     client: otlp_reqwest::Client,
     endpoint: otlp_http::Uri,
+    /// The settings' headers, sent in place of any the exporter added.
+    headers: otlp_http::HeaderMap,
 }
 
 impl opentelemetry_http::HttpClient for ToEndpoint {
@@ -293,6 +315,20 @@ impl opentelemetry_http::HttpClient for ToEndpoint {
         Self: 'call,
     {
         *request.uri_mut() = self.endpoint.clone();
+        let content = [
+            otlp_http::header::CONTENT_TYPE,
+            otlp_http::header::CONTENT_ENCODING,
+        ]
+        .map(|name| {
+            request
+                .headers()
+                .get(&name)
+                .cloned()
+                .map(|value| (name, value))
+        });
+        let headers = request.headers_mut();
+        headers.clone_from(&self.headers);
+        headers.extend(content.into_iter().flatten());
         self.client.send(request)
     }
 }

@@ -175,6 +175,8 @@ impl Args for OtelVariables {
                     Arg::new(*variable)
                         .long(flag_of(variable))
                         .env(*variable)
+                        // Headers and resource attributes may hold keys: no value is shown.
+                        .hide_env_values(true)
                         .value_name("VALUE")
                         .help(*help),
                 )
