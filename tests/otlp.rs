@@ -6,7 +6,7 @@ mod support;
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
-use support::otlp::{Behaviour, Collector, ReceivedSpan};
+use support::otlp::{Behaviour, Collector, ReceivedPoint, ReceivedSpan};
 use support::{Host, client, guest_path};
 
 /// `SpanKind` values of the OTLP protocol.
@@ -458,4 +458,379 @@ async fn with_otel_sdk_disabled_nothing_is_exported() {
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert_eq!(collector.exports(), 0);
     let _: Value = support::get_json(&host, "/api/health").await;
+}
+
+/// A host pushing only `signals` (`metrics`, `logs`, `traces`) to `collector`, with `extra`
+/// variables: each other signal's exporter is `none`.
+fn host_pushing(
+    collector: &Collector,
+    protocol: Protocol,
+    signals: &[&str],
+    extra: &[(&str, &str)],
+) -> Host {
+    let endpoint = collector.base_url();
+    let exporter = |signal: &str| {
+        if signals.contains(&signal) {
+            "otlp"
+        } else {
+            "none"
+        }
+    };
+    let mut env = vec![
+        ("OTEL_TRACES_EXPORTER", exporter("traces")),
+        ("OTEL_METRICS_EXPORTER", exporter("metrics")),
+        ("OTEL_LOGS_EXPORTER", exporter("logs")),
+        ("OTEL_EXPORTER_OTLP_PROTOCOL", protocol.name()),
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint.as_str()),
+    ];
+    env.extend_from_slice(extra);
+    Host::builder().env(&env).start()
+}
+
+/// `labels` as the page writes them: sorted by name, `name="value"` joined by commas.
+fn label_text(labels: &std::collections::HashMap<String, String>) -> String {
+    let mut pairs: Vec<_> = labels.iter().collect();
+    pairs.sort();
+    pairs
+        .iter()
+        .map(|(name, value)| format!("{name}=\"{value}\""))
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// The value the page gives the sample `name{labels}`.
+fn page_value(page: &str, name: &str, labels: &str) -> Option<f64> {
+    let series = if labels.is_empty() {
+        format!("{name} ")
+    } else {
+        format!("{name}{{{labels}}} ")
+    };
+    page.lines()
+        .find_map(|line| line.strip_prefix(&series))
+        .and_then(|value| value.trim().parse().ok())
+}
+
+async fn metric_points_match_what_the_page_says(protocol: Protocol) {
+    let collector = protocol.collector(Behaviour::Answers);
+    let host = host_pushing(
+        &collector,
+        protocol,
+        &["metrics"],
+        &[("OTEL_METRIC_EXPORT_INTERVAL", "100")],
+    );
+    for _ in 0..3 {
+        let response = client().get(host.url("/api/health")).send().await.unwrap();
+        assert_eq!(response.status(), 200);
+    }
+    let missing = "/api/users/00000000-0000-4000-8000-000000000000";
+    assert_eq!(
+        client()
+            .get(host.url(missing))
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        404
+    );
+    create_user_with_id(&host, "otlp-metrics", None).await;
+    let is_health = |point: &ReceivedPoint| {
+        point.metric == "http_requests_total"
+            && point.attributes.get("route").map(String::as_str) == Some("/api/health")
+    };
+    let points = collector.wait_for_points(|points| {
+        points
+            .iter()
+            .any(|point| is_health(point) && point.value == 3.0)
+            && points.iter().any(|point| {
+                point.metric == "http_requests_total"
+                    && point.attributes.get("route").map(String::as_str) == Some("/api/users")
+            })
+    });
+    assert!(
+        points
+            .iter()
+            .any(|point| is_health(point) && point.value == 3.0),
+        "{protocol:?}: {points:#?}"
+    );
+    // No request between the push and the scrape but the scrape itself, which counts only once
+    // answered, and instantiates no guest.
+    let page = support::prometheus::text(&host).await;
+    let mut compared = 0;
+    for point in &points {
+        let labels = label_text(&point.attributes);
+        let (name, value) = match point.kind {
+            "histogram" => (format!("{}_count", point.metric), point.count as f64),
+            _ => (point.metric.clone(), point.value),
+        };
+        if point.metric == "users_stored" {
+            continue; // Read from the store at scrape time.
+        }
+        let on_page = page_value(&page, &name, &labels);
+        assert_eq!(
+            on_page,
+            Some(value),
+            "{protocol:?}: {name}{{{labels}}} pushed {value}, the page says {on_page:?}"
+        );
+        if point.kind == "histogram" {
+            assert_eq!(point.unit, "s", "{}", point.metric);
+            for (bound, _) in point.bounds.iter().zip(&point.bucket_counts) {
+                let bucket = if labels.is_empty() {
+                    format!("le=\"{bound}\"")
+                } else {
+                    format!("{labels},le=\"{bound}\"")
+                };
+                assert!(
+                    page_value(&page, &format!("{}_bucket", point.metric), &bucket).is_some(),
+                    "{protocol:?}: {}_bucket{{{bucket}}} is not on the page",
+                    point.metric
+                );
+            }
+        }
+        compared += 1;
+    }
+    for name in [
+        "http_requests_total",
+        "http_request_duration_seconds",
+        "user_lookups_total",
+        "user_store_operation_seconds",
+        "guest_instantiation_seconds",
+    ] {
+        assert!(
+            points.iter().any(|point| point.metric == name),
+            "{protocol:?}: {name} was not pushed"
+        );
+    }
+    assert!(
+        compared >= 10,
+        "{protocol:?}: only {compared} points compared"
+    );
+    let failures = points.iter().find(|point| {
+        point.metric == "user_lookups_total"
+            && point.attributes.get("result").map(String::as_str) == Some("failure")
+    });
+    assert_eq!(failures.map(|point| point.value), Some(1.0));
+    let resource = &points[0].resource;
+    assert_eq!(resource["service.name"], "tutorial-service");
+}
+
+#[tokio::test]
+async fn over_http_metric_points_match_what_the_metrics_page_says() {
+    metric_points_match_what_the_page_says(Protocol::Http).await;
+}
+
+#[tokio::test]
+async fn over_grpc_metric_points_match_what_the_metrics_page_says() {
+    metric_points_match_what_the_page_says(Protocol::Grpc).await;
+}
+
+async fn log_records_carry_the_ids_of_their_request(protocol: Protocol) {
+    let collector = protocol.collector(Behaviour::Answers);
+    let host = host_pushing(
+        &collector,
+        protocol,
+        &["traces", "logs"],
+        &[
+            ("OTEL_BSP_SCHEDULE_DELAY", "50"),
+            ("OTEL_BLRP_SCHEDULE_DELAY", "50"),
+        ],
+    );
+    // A body the guest refuses, which it says in a WARN line.
+    let response = client()
+        .post(host.url("/api/users"))
+        .header("x-request-id", "otlp-log")
+        .json(&json!({"name": "", "email": "not an address"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 400);
+    let spans = collector.wait_for(|spans| server_span(spans, "otlp-log").is_some());
+    let server = server_span(&spans, "otlp-log")
+        .unwrap_or_else(|| panic!("{protocol:?}: no server span: {spans:#?}"))
+        .clone();
+    let is_rejection = |log: &support::otlp::ReceivedLog| {
+        log.body
+            .as_str()
+            .is_some_and(|body| body.contains("rejected"))
+    };
+    let logs = collector.wait_for_logs(|logs| logs.iter().any(is_rejection));
+    let record = logs
+        .iter()
+        .find(|log| is_rejection(log))
+        .unwrap_or_else(|| panic!("{protocol:?}: no rejection record: {logs:#?}"));
+    assert_eq!(record.severity_text, "WARN");
+    assert_eq!(record.severity_number, 13, "WARN is severity 13");
+    assert_eq!(record.trace_id, server.trace_id, "{record:#?}");
+    let of_the_request: Vec<&str> = spans
+        .iter()
+        .filter(|span| span.trace_id == server.trace_id)
+        .map(|span| span.span_id.as_str())
+        .collect();
+    assert!(
+        of_the_request.contains(&record.span_id.as_str()),
+        "{protocol:?}: span {} is not one of the request's {of_the_request:?}",
+        record.span_id
+    );
+    assert!(!record.attributes.is_empty(), "{record:#?}");
+    assert_eq!(record.resource["service.name"], "tutorial-service");
+    // The host's own lines outside a request go too, without ids.
+    let listening = logs
+        .iter()
+        .find(|log| {
+            log.body
+                .as_str()
+                .is_some_and(|body| body.starts_with("listening on"))
+        })
+        .unwrap_or_else(|| panic!("{protocol:?}: no start-up line: {logs:#?}"));
+    assert_eq!(listening.severity_text, "INFO");
+    assert_eq!(listening.trace_id, "");
+    // stdout keeps its line.
+    host.wait_for_log(|line| {
+        line["message"]
+            .as_str()
+            .is_some_and(|message| message.contains("rejected"))
+    });
+}
+
+#[tokio::test]
+async fn over_http_log_records_carry_the_trace_and_span_ids_of_their_request() {
+    log_records_carry_the_ids_of_their_request(Protocol::Http).await;
+}
+
+#[tokio::test]
+async fn over_grpc_log_records_carry_the_trace_and_span_ids_of_their_request() {
+    log_records_carry_the_ids_of_their_request(Protocol::Grpc).await;
+}
+
+#[tokio::test]
+async fn sigterm_flushes_the_last_metrics_and_log_records() {
+    for protocol in [Protocol::Http, Protocol::Grpc] {
+        let collector = protocol.collector(Behaviour::Answers);
+        // Ten minutes between pushes: only the shutdown flush can send anything.
+        let mut host = host_pushing(
+            &collector,
+            protocol,
+            &["metrics", "logs"],
+            &[
+                ("OTEL_METRIC_EXPORT_INTERVAL", "600000"),
+                ("OTEL_BLRP_SCHEDULE_DELAY", "600000"),
+            ],
+        );
+        for _ in 0..2 {
+            client().get(host.url("/api/health")).send().await.unwrap();
+        }
+        assert_eq!(collector.metric_exports(), 0, "{protocol:?}");
+        assert!(host.terminate().success());
+        let health = collector.points().into_iter().find(|point| {
+            point.metric == "http_requests_total"
+                && point.attributes.get("route").map(String::as_str) == Some("/api/health")
+        });
+        assert_eq!(
+            health.map(|point| point.value),
+            Some(2.0),
+            "{protocol:?}: the last metrics were not flushed at SIGTERM"
+        );
+        let logs = collector.logs();
+        assert!(
+            logs.iter().any(|log| log
+                .body
+                .as_str()
+                .is_some_and(|body| body.starts_with("listening on"))),
+            "{protocol:?}: the log records were not flushed at SIGTERM: {logs:#?}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_silent_collector_of_metrics_or_logs_costs_requests_nothing_and_holds_no_exit() {
+    let quiet = Host::builder()
+        .env(&[("OTEL_TRACES_EXPORTER", "none")])
+        .start();
+    p99_of_health(&quiet).await; // warm-up
+    let baseline = p99_of_health(&quiet).await;
+    drop(quiet);
+    for protocol in [Protocol::Http, Protocol::Grpc] {
+        for signal in ["metrics", "logs"] {
+            let collector = protocol.collector(Behaviour::NeverAnswers);
+            // Pushes every 10 ms, each given up after 60 s: exports stay stuck on the receiver.
+            let mut host = host_pushing(
+                &collector,
+                protocol,
+                &[signal],
+                &[
+                    ("OTEL_METRIC_EXPORT_INTERVAL", "10"),
+                    ("OTEL_BLRP_SCHEDULE_DELAY", "10"),
+                    ("OTEL_EXPORTER_OTLP_TIMEOUT", "60000"),
+                ],
+            );
+            p99_of_health(&host).await;
+            let exporting = p99_of_health(&host).await;
+            let exports = collector.metric_exports() + collector.log_exports();
+            assert!(
+                exports > 0,
+                "{protocol:?} {signal}: no export reached the receiver"
+            );
+            assert!(
+                exporting <= baseline * 2 + Duration::from_millis(20),
+                "{protocol:?} {signal}: p99 {exporting:?} against {baseline:?} with no export"
+            );
+            let stopping = Instant::now();
+            assert!(host.terminate().success());
+            let took = stopping.elapsed();
+            assert!(
+                took < Duration::from_secs(8),
+                "{protocol:?} {signal}: exit took {took:?}"
+            );
+        }
+    }
+}
+
+#[test]
+fn the_endpoint_alone_sends_metrics_and_logs_and_a_bad_signal_variable_is_refused() {
+    for (variable, value) in [
+        ("OTEL_METRICS_EXPORTER", "zipkin"),
+        ("OTEL_LOGS_EXPORTER", "jaeger"),
+        ("OTEL_METRIC_EXPORT_INTERVAL", "0"),
+        (
+            "OTEL_EXPORTER_OTLP_LOGS_ENDPOINT",
+            "https://collector:4318/v1/logs",
+        ),
+        ("OTEL_EXPORTER_OTLP_METRICS_TIMEOUT", "forever"),
+        ("OTEL_BLRP_MAX_QUEUE_SIZE", "0"),
+    ] {
+        let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_host"));
+        command
+            .args(["--bind", "127.0.0.1", "--port", "0", "--guest"])
+            .arg(guest_path("guest"))
+            .env(variable, value);
+        let output = support::run_to_exit(command, Duration::from_secs(20));
+        assert!(!output.status.success(), "{variable}={value} was accepted");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(
+            stderr.trim().lines().count(),
+            1,
+            "{variable}={value}: {stderr}"
+        );
+        assert!(stderr.contains(variable), "{variable}={value}: {stderr}");
+    }
+}
+
+#[tokio::test]
+async fn with_only_the_endpoint_set_metrics_and_logs_flow_there_too() {
+    let collector = Collector::http(Behaviour::Answers);
+    let endpoint = collector.base_url();
+    let host = Host::builder()
+        .env(&[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint.as_str()),
+            ("OTEL_METRIC_EXPORT_INTERVAL", "100"),
+            ("OTEL_BLRP_SCHEDULE_DELAY", "50"),
+            ("OTEL_BSP_SCHEDULE_DELAY", "50"),
+        ])
+        .start();
+    create_user_with_id(&host, "endpoint-only", None).await;
+    let spans = collector.wait_for(|spans| server_span(spans, "endpoint-only").is_some());
+    assert!(server_span(&spans, "endpoint-only").is_some(), "{spans:#?}");
+    let points = collector.wait_for_points(|points| !points.is_empty());
+    assert!(!points.is_empty(), "no metrics pushed");
+    let logs = collector.wait_for_logs(|logs| !logs.is_empty());
+    assert!(!logs.is_empty(), "no log records sent");
 }

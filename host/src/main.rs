@@ -53,11 +53,11 @@ fn main() -> ExitCode {
         .event_interval(EVENT_INTERVAL)
         .build()
         .expect("starting the tokio runtime");
-    // The exporter's batch task lives in the runtime, so telemetry starts inside it.
+    // The OTLP exporters' connections live in the runtime, so telemetry starts inside it.
     let telemetry = runtime.block_on(async { pipeline::init(&telemetry_settings) });
-    let outcome = runtime.block_on(run(config));
-    // Flush spans and logs from this (blocking) thread while the runtime still runs the
-    // exporter's task; then let the runtime go.
+    let outcome = runtime.block_on(run(config, telemetry.metrics()));
+    // Flush spans, metrics and logs from this (blocking) thread while the runtime still runs
+    // the exporters' connections; then let the runtime go.
     drop(telemetry);
     drop(runtime);
     match outcome {
@@ -71,7 +71,7 @@ fn main() -> ExitCode {
     }
 }
 
-async fn run(config: Config) -> anyhow::Result<()> {
+async fn run(config: Config, metrics: Arc<Metrics>) -> anyhow::Result<()> {
     let cache = ComponentCache::new(&config.runtime.cache_dir);
     let runtime = Arc::new(Runtime::new(cache, config.runtime.limits())?);
     let loading = Instant::now();
@@ -101,7 +101,6 @@ async fn run(config: Config) -> anyhow::Result<()> {
         "user store ready"
     );
     let serving = Arc::new(Serving::new(ServingGuest { guest, version }));
-    let metrics = Arc::new(Metrics::new());
     let app = Arc::new(App::new(
         Arc::clone(&serving),
         users,

@@ -461,8 +461,8 @@ fn set_attribute(span: &tracing::Span, Attribute { key, value }: Attribute) {
         Value::Float(number) => OtelValue::F64(number),
         Value::Boolean(flag) => OtelValue::Bool(flag),
     };
-    let KeyValue { key, value } = KeyValue::new(key, value);
-    span.set_attribute(key, value);
+    let attribute = KeyValue::new(key, value);
+    span.set_attribute(attribute.key, attribute.value);
 }
 
 /// `value` as a JSON log field.

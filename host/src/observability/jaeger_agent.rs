@@ -7,15 +7,15 @@
 //! port is what the contract names. The names, types and field ids below are those of Jaeger's
 //! `jaeger.thrift` and `agent.thrift`; the `thrift` crate writes the protocol.
 
-use std::future::Future;
 use std::net::{SocketAddr, ToSocketAddrs, UdpSocket};
-use std::pin::Pin;
+use std::sync::atomic::{AtomicI32, Ordering};
 use std::time::{Duration, SystemTime};
 
-use opentelemetry::trace::{SpanKind, Status, TraceError};
-use opentelemetry::{Key, KeyValue, Value};
+use opentelemetry::trace::{SpanKind, Status};
+use opentelemetry::{Key, Value};
 use opentelemetry_sdk::Resource;
-use opentelemetry_sdk::export::trace::{ExportResult, SpanData, SpanExporter};
+use opentelemetry_sdk::error::{OTelSdkError, OTelSdkResult};
+use opentelemetry_sdk::trace::{SpanData, SpanExporter};
 use thrift::protocol::{
     TCompactOutputProtocol, TFieldIdentifier, TListIdentifier, TMessageIdentifier, TMessageType,
     TOutputProtocol, TStructIdentifier, TType,
@@ -46,8 +46,10 @@ pub struct AgentExporter {
     socket: UdpSocket,
     /// `Process.serviceName`.
     service_name: String,
+    /// Jaeger's `Process` of this service and the SDK's resource, encoded once.
+    process: Vec<u8>,
     /// `emitBatch` calls sent, for their sequence ids.
-    calls: i32,
+    calls: AtomicI32,
     /// The largest datagram sent.
     max_datagram: usize,
 }
@@ -72,10 +74,15 @@ impl AgentExporter {
         socket.connect(agent)?;
         // A send never waits for long: a full socket buffer loses the datagram, as UDP may.
         socket.set_write_timeout(Some(Duration::from_millis(100)))?;
+        let process = encode(|protocol| {
+            write_process(protocol, &service_name, &Resource::builder_empty().build())
+        })
+        .map_err(std::io::Error::other)?;
         Ok(AgentExporter {
             socket,
             service_name,
-            calls: 0,
+            process,
+            calls: AtomicI32::new(0),
             max_datagram: MAX_DATAGRAM_BYTES,
         })
     }
@@ -83,24 +90,19 @@ impl AgentExporter {
     /// Sends `batch` in as few datagrams as fit; a span that alone exceeds a datagram is
     /// dropped, and said in the export's error once the rest is sent (a guest's spans are
     /// bounded far below it).
-    fn send(&mut self, batch: &[SpanData]) -> Result<(), TraceError> {
-        let Some(first) = batch.first() else {
-            return Ok(());
-        };
-        let process =
-            encode(|protocol| write_process(protocol, &self.service_name, &first.resource))?;
+    fn send(&self, batch: &[SpanData]) -> OTelSdkResult {
+        let process = &self.process;
         let mut spans: Vec<Vec<u8>> = Vec::new();
         let mut bytes = 0;
         let mut oversized = 0;
         for span in batch {
             let encoded = encode(|protocol| write_span(protocol, span))?;
-            if call_bytes(&process, bytes + encoded.len()) > self.max_datagram && !spans.is_empty()
-            {
-                self.emit(&process, &spans)?;
+            if call_bytes(process, bytes + encoded.len()) > self.max_datagram && !spans.is_empty() {
+                self.emit(process, &spans)?;
                 spans.clear();
                 bytes = 0;
             }
-            if call_bytes(&process, encoded.len()) > self.max_datagram {
+            if call_bytes(process, encoded.len()) > self.max_datagram {
                 oversized += 1;
                 continue;
             }
@@ -108,10 +110,10 @@ impl AgentExporter {
             spans.push(encoded);
         }
         if !spans.is_empty() {
-            self.emit(&process, &spans)?;
+            self.emit(process, &spans)?;
         }
         if oversized > 0 {
-            return Err(TraceError::from(format!(
+            return Err(OTelSdkError::InternalFailure(format!(
                 "{oversized} span(s) larger than one datagram to the agent were dropped"
             )));
         }
@@ -119,27 +121,31 @@ impl AgentExporter {
     }
 
     /// One `emitBatch` call of `spans`, already encoded, in one datagram.
-    fn emit(&mut self, process: &[u8], spans: &[Vec<u8>]) -> Result<(), TraceError> {
-        self.calls = self.calls.wrapping_add(1);
-        let mut datagram = call_head(self.calls, process, spans.len())?;
+    fn emit(&self, process: &[u8], spans: &[Vec<u8>]) -> OTelSdkResult {
+        let sequence = self.calls.fetch_add(1, Ordering::Relaxed).wrapping_add(1);
+        let mut datagram = call_head(sequence, process, spans.len())?;
         for span in spans {
             datagram.extend_from_slice(span);
         }
         datagram.extend_from_slice(&CALL_END);
-        self.socket
-            .send(&datagram)
-            .map_err(|error| TraceError::Other(Box::new(error)))?;
+        self.socket.send(&datagram).map_err(|error| {
+            OTelSdkError::InternalFailure(format!("sending to the agent: {error}"))
+        })?;
         Ok(())
     }
 }
 
 impl SpanExporter for AgentExporter {
-    fn export(
-        &mut self,
-        batch: Vec<SpanData>,
-    ) -> Pin<Box<dyn Future<Output = ExportResult> + Send + 'static>> {
-        let sent = self.send(&batch);
-        Box::pin(std::future::ready(sent))
+    async fn export(&self, batch: Vec<SpanData>) -> OTelSdkResult {
+        self.send(&batch)
+    }
+
+    fn set_resource(&mut self, resource: &Resource) {
+        if let Ok(process) =
+            encode(|protocol| write_process(protocol, &self.service_name, resource))
+        {
+            self.process = process;
+        }
     }
 }
 
@@ -155,16 +161,16 @@ fn call_bytes(process: &[u8], span_bytes: usize) -> usize {
 /// What `write` writes, as bytes.
 fn encode(
     write: impl FnOnce(&mut TCompactOutputProtocol<&mut Vec<u8>>) -> thrift::Result<()>,
-) -> Result<Vec<u8>, TraceError> {
+) -> Result<Vec<u8>, OTelSdkError> {
     let mut bytes = Vec::new();
     write(&mut TCompactOutputProtocol::new(&mut bytes))
-        .map_err(|error| TraceError::Other(Box::new(error)))?;
+        .map_err(|error| OTelSdkError::InternalFailure(format!("Thrift encoding: {error}")))?;
     Ok(bytes)
 }
 
 /// An `emitBatch` call up to its first span: the message head, the argument `batch` (field 1),
 /// its `process` (field 1), and the head of its `spans` list (field 2) of `count`.
-fn call_head(sequence: i32, process: &[u8], count: usize) -> Result<Vec<u8>, TraceError> {
+fn call_head(sequence: i32, process: &[u8], count: usize) -> Result<Vec<u8>, OTelSdkError> {
     let mut head = encode(|protocol| {
         protocol.write_message_begin(&TMessageIdentifier::new(
             "emitBatch",
@@ -300,8 +306,8 @@ fn write_span(protocol: &mut impl TOutputProtocol, span: &SpanData) -> thrift::R
             let count = event.attributes.len() as i32 + 1;
             protocol.write_list_begin(&TListIdentifier::new(TType::Struct, count))?;
             write_tag(protocol, "event", &Value::from(event.name.to_string()))?;
-            for KeyValue { key, value } in &event.attributes {
-                write_tag(protocol, key.as_str(), value)?;
+            for attribute in &event.attributes {
+                write_tag(protocol, attribute.key.as_str(), &attribute.value)?;
             }
             protocol.write_list_end()?;
             protocol.write_field_end()?;
@@ -321,7 +327,7 @@ fn span_tags(span: &SpanData) -> Vec<(&str, Value)> {
     let mut tags: Vec<(&str, Value)> = span
         .attributes
         .iter()
-        .map(|KeyValue { key, value }| (key.as_str(), value.clone()))
+        .map(|attribute| (attribute.key.as_str(), attribute.value.clone()))
         .collect();
     let has = |tags: &[(&str, Value)], name: &str| tags.iter().any(|(key, _)| *key == name);
     let kind = match span.span_kind {
@@ -361,7 +367,7 @@ fn span_tags(span: &SpanData) -> Vec<(&str, Value)> {
     tags
 }
 
-/// Jaeger's `Tag`: a key and one typed value; an array is written as its text.
+/// Jaeger's `Tag`: a key and one typed value.
 fn write_tag(protocol: &mut impl TOutputProtocol, key: &str, value: &Value) -> thrift::Result<()> {
     protocol.write_struct_begin(&TStructIdentifier::new("Tag"))?;
     write_string_field(protocol, "key", 1, key)?;
@@ -386,9 +392,10 @@ fn write_tag(protocol: &mut impl TOutputProtocol, key: &str, value: &Value) -> t
             write_i32_field(protocol, "vType", 2, TagType::String as i32)?;
             write_string_field(protocol, "vStr", 3, text.as_str())?;
         }
-        Value::Array(array) => {
+        // An array, or a kind of value a later release adds, is written as its text.
+        other => {
             write_i32_field(protocol, "vType", 2, TagType::String as i32)?;
-            write_string_field(protocol, "vStr", 3, &array.to_string())?;
+            write_string_field(protocol, "vStr", 3, &other.to_string())?;
         }
     }
     protocol.write_field_stop()?;
@@ -447,8 +454,10 @@ fn micros_since_epoch(time: SystemTime) -> i64 {
 mod tests {
     use std::borrow::Cow;
 
+    use std::pin::pin;
+
     use opentelemetry::trace::{SpanContext, SpanId, TraceFlags, TraceId, TraceState};
-    use opentelemetry_sdk::InstrumentationLibrary;
+    use opentelemetry::{InstrumentationScope, KeyValue};
     use opentelemetry_sdk::trace::{SpanEvents, SpanLinks};
     use thrift::protocol::{TCompactInputProtocol, TInputProtocol};
 
@@ -466,6 +475,7 @@ mod tests {
                 TraceState::default(),
             ),
             parent_span_id: SpanId::INVALID,
+            parent_span_is_remote: false,
             span_kind: SpanKind::Server,
             name: Cow::Borrowed("HTTP GET /api/health"),
             start_time: now,
@@ -475,8 +485,7 @@ mod tests {
             events: SpanEvents::default(),
             links: SpanLinks::default(),
             status: Status::error("failed"),
-            resource: Cow::Owned(Resource::new([KeyValue::new("host.name", "box")])),
-            instrumentation_lib: InstrumentationLibrary::default(),
+            instrumentation_scope: InstrumentationScope::default(),
         }
     }
 
@@ -487,7 +496,12 @@ mod tests {
             .set_read_timeout(Some(Duration::from_millis(500)))
             .unwrap();
         let port = agent.local_addr().unwrap().port();
-        let exporter = AgentExporter::new("127.0.0.1", port, "svc".to_string()).unwrap();
+        let mut exporter = AgentExporter::new("127.0.0.1", port, "svc".to_string()).unwrap();
+        exporter.set_resource(
+            &Resource::builder_empty()
+                .with_attribute(KeyValue::new("host.name", "box"))
+                .build(),
+        );
         (agent, exporter)
     }
 
@@ -524,7 +538,7 @@ mod tests {
 
     #[test]
     fn a_batch_is_one_one_way_emit_batch_call() {
-        let (agent, mut exporter) = agent();
+        let (agent, exporter) = agent();
         let spans = (1..=3)
             .map(|id| span(id, vec![KeyValue::new("a", 1)]))
             .collect();
@@ -553,7 +567,7 @@ mod tests {
 
     #[test]
     fn a_span_larger_than_a_datagram_is_dropped_alone() {
-        let (agent, mut exporter) = agent();
+        let (agent, exporter) = agent();
         let huge = "x".repeat(MAX_DATAGRAM_BYTES);
         let spans = vec![
             span(1, vec![]),
@@ -592,11 +606,10 @@ mod tests {
     }
 
     /// The outcome of an export, which never waits (it is a UDP send).
-    fn finished(future: Pin<Box<dyn Future<Output = ExportResult> + Send>>) -> ExportResult {
+    fn finished(future: impl Future<Output = OTelSdkResult>) -> OTelSdkResult {
         let waker = std::task::Waker::noop();
         let mut context = std::task::Context::from_waker(waker);
-        let mut future = future;
-        match future.as_mut().poll(&mut context) {
+        match pin!(future).poll(&mut context) {
             std::task::Poll::Ready(result) => result,
             std::task::Poll::Pending => panic!("an export waited"),
         }

@@ -1,18 +1,27 @@
-//! The one module that owns every metric name, served in Prometheus text format at `/metrics`.
+//! The one module that owns every metric name: each instrument is defined once, with the
+//! OpenTelemetry metrics API, and read by two readers of the same SDK: `/metrics` (Prometheus
+//! text format, through opentelemetry-prometheus into the prometheus crate's registry, beside
+//! its process metrics) and, when the settings say so, the periodic OTLP push. The two show the
+//! same instruments with the same names, units and attributes, so they cannot disagree.
 //!
 //! Labels carry route templates (`/api/users/{id}`) or `unmatched`, never raw paths, so the
 //! number of series stays bounded whatever clients send.
 
 use std::time::Duration;
 
-use prometheus::{
-    Encoder, Histogram, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, Opts, Registry,
-    TextEncoder,
-};
+use opentelemetry::KeyValue;
+use opentelemetry::metrics::{Counter, Gauge, Histogram, Meter, MeterProvider as _};
+use opentelemetry_sdk::Resource;
+use opentelemetry_sdk::metrics::{PeriodicReader, SdkMeterProvider};
+use prometheus::{Encoder, Registry, TextEncoder};
 
+use crate::observability::otlp::Reported;
 use crate::observability::request_span::{OTHER_METHOD, standard_method};
 #[cfg(doc)]
 use crate::observability::routes::UNMATCHED;
+
+/// The OTLP push of the metrics, when there is one.
+pub type PushReader = PeriodicReader<Reported<opentelemetry_otlp::MetricExporter>>;
 
 /// Request latency buckets, in seconds: 0.5 ms to 10 s.
 const DURATION_BUCKETS: &[f64] = &[
@@ -54,133 +63,138 @@ pub struct DroppedGuestTelemetry {
     pub log_events: u64,
 }
 
-/// The host's metrics, registered in a registry of their own.
+/// The host's instruments, and the registry `/metrics` is rendered from.
 pub struct Metrics {
+    /// Kept for as long as the instruments: dropping the last copy shuts the readers down.
+    _provider: SdkMeterProvider,
     registry: Registry,
-    requests: IntCounterVec,
-    request_duration: HistogramVec,
-    user_lookups: IntCounterVec,
-    users_stored: IntGauge,
-    guest_instantiation: Histogram,
-    guest_reloads: IntCounterVec,
-    store_operation: HistogramVec,
-    store_errors: IntCounterVec,
-    guest_telemetry_dropped: IntCounterVec,
+    requests: Counter<u64>,
+    request_duration: Histogram<f64>,
+    user_lookups: Counter<u64>,
+    users_stored: Gauge<u64>,
+    guest_instantiation: Histogram<f64>,
+    guest_reloads: Counter<u64>,
+    store_operation: Histogram<f64>,
+    store_errors: Counter<u64>,
+    guest_telemetry_dropped: Counter<u64>,
 }
 
 impl Metrics {
-    /// Registers every metric, process metrics included.
+    /// Every instrument, read by `/metrics` only, process metrics included.
     pub fn new() -> Metrics {
+        Metrics::exported(Resource::builder_empty().build(), None).0
+    }
+
+    /// Every instrument, read by `/metrics` and by `push` when there is one; and the provider,
+    /// whose shutdown pushes the last values.
+    pub fn exported(resource: Resource, push: Option<PushReader>) -> (Metrics, SdkMeterProvider) {
         let registry = Registry::new();
-        let requests = IntCounterVec::new(
-            Opts::new(
-                "http_requests_total",
-                "HTTP requests answered, by method, route and status.",
-            ),
-            &["method", "route", "status"],
-        )
-        .expect("metric definition is valid");
-        let request_duration = HistogramVec::new(
-            HistogramOpts::new(
-                "http_request_duration_seconds",
-                "Time from receiving a request to having its response head, by method and route.",
-            )
-            .buckets(DURATION_BUCKETS.to_vec()),
-            &["method", "route"],
-        )
-        .expect("metric definition is valid");
-        let user_lookups = IntCounterVec::new(
-            Opts::new("user_lookups_total", "User lookups by id, by result."),
-            &["result"],
-        )
-        .expect("metric definition is valid");
-        let users_stored = IntGauge::new("users_stored", "Users in the store.")
-            .expect("metric definition is valid");
-        let guest_instantiation = Histogram::with_opts(
-            HistogramOpts::new(
-                "guest_instantiation_seconds",
-                "Time to instantiate the guest component for one request.",
-            )
-            .buckets(INSTANTIATION_BUCKETS.to_vec()),
-        )
-        .expect("metric definition is valid");
-        let guest_reloads = IntCounterVec::new(
-            Opts::new(
-                "guest_reloads_total",
-                "Guest reloads (SIGHUP or file change), by result.",
-            ),
-            &["result"],
-        )
-        .expect("metric definition is valid");
-        let store_operation = HistogramVec::new(
-            HistogramOpts::new(
-                "user_store_operation_seconds",
-                "Time of one user store call, by operation and store (memory or postgres).",
-            )
-            .buckets(STORE_BUCKETS.to_vec()),
-            &["operation", "store"],
-        )
-        .expect("metric definition is valid");
-        let store_errors = IntCounterVec::new(
-            Opts::new(
-                "user_store_errors_total",
-                "User store calls that failed (store unreachable, failing or too slow), by operation.",
-            ),
-            &["operation"],
-        )
-        .expect("metric definition is valid");
-        let guest_telemetry_dropped = IntCounterVec::new(
-            Opts::new(
-                "guest_telemetry_dropped_total",
-                "Guest spans, attributes and log events dropped by the per-request quotas, and \
-                 routes labelled _OTHER past the per-guest cap, by signal.",
-            ),
-            &["signal"],
-        )
-        .expect("metric definition is valid");
-        let collectors: [Box<dyn prometheus::core::Collector>; 9] = [
-            Box::new(guest_telemetry_dropped.clone()),
-            Box::new(store_operation.clone()),
-            Box::new(store_errors.clone()),
-            Box::new(guest_reloads.clone()),
-            Box::new(requests.clone()),
-            Box::new(request_duration.clone()),
-            Box::new(user_lookups.clone()),
-            Box::new(users_stored.clone()),
-            Box::new(guest_instantiation.clone()),
-        ];
-        for collector in collectors {
-            registry.register(collector).expect("names are unique");
+        // The instruments' names are the page's names: no unit or `_total` suffix added, no
+        // scope labels, no `target_info` (the resource is OTLP's to carry).
+        let page = opentelemetry_prometheus::exporter()
+            .with_registry(registry.clone())
+            .without_units()
+            .without_counter_suffixes()
+            .without_target_info()
+            .scope_info_enabled(false)
+            .build()
+            .expect("a fresh registry takes the exporter");
+        let mut provider = SdkMeterProvider::builder()
+            .with_resource(resource)
+            .with_reader(page);
+        if let Some(push) = push {
+            provider = provider.with_reader(push);
         }
-        // Both results exist from the start, so rates are defined before the first lookup.
-        for result in ["success", "failure"] {
-            user_lookups.with_label_values(&[result]);
-            guest_reloads.with_label_values(&[result]);
-        }
-        for operation in STORE_OPERATIONS {
-            store_errors.with_label_values(&[operation]);
-        }
-        for signal in ["span", "attribute", "log"] {
-            guest_telemetry_dropped.with_label_values(&[signal]);
-        }
+        let provider = provider.build();
+        let meter = provider.meter("host");
         #[cfg(target_os = "linux")]
         registry
             .register(Box::new(
                 prometheus::process_collector::ProcessCollector::for_self(),
             ))
             .expect("names are unique");
-        Metrics {
+        (
+            Metrics::define(provider.clone(), registry, &meter),
+            provider,
+        )
+    }
+
+    /// Defines every instrument on `meter`, each series that must exist before its first event
+    /// at zero.
+    fn define(provider: SdkMeterProvider, registry: Registry, meter: &Meter) -> Metrics {
+        let counter = |name: &'static str, help: &'static str| {
+            meter.u64_counter(name).with_description(help).build()
+        };
+        let seconds = |name: &'static str, help: &'static str, buckets: &[f64]| {
+            meter
+                .f64_histogram(name)
+                .with_description(help)
+                .with_unit("s")
+                .with_boundaries(buckets.to_vec())
+                .build()
+        };
+        let metrics = Metrics {
+            _provider: provider,
             registry,
-            requests,
-            request_duration,
-            user_lookups,
-            users_stored,
-            guest_instantiation,
-            guest_reloads,
-            store_operation,
-            store_errors,
-            guest_telemetry_dropped,
+            requests: counter(
+                "http_requests_total",
+                "HTTP requests answered, by method, route and status.",
+            ),
+            request_duration: seconds(
+                "http_request_duration_seconds",
+                "Time from receiving a request to having its response head, by method and route.",
+                DURATION_BUCKETS,
+            ),
+            user_lookups: counter("user_lookups_total", "User lookups by id, by result."),
+            users_stored: meter
+                .u64_gauge("users_stored")
+                .with_description("Users in the store.")
+                .build(),
+            guest_instantiation: seconds(
+                "guest_instantiation_seconds",
+                "Time to instantiate the guest component for one request.",
+                INSTANTIATION_BUCKETS,
+            ),
+            guest_reloads: counter(
+                "guest_reloads_total",
+                "Guest reloads (SIGHUP or file change), by result.",
+            ),
+            store_operation: seconds(
+                "user_store_operation_seconds",
+                "Time of one user store call, by operation and store (memory or postgres).",
+                STORE_BUCKETS,
+            ),
+            store_errors: counter(
+                "user_store_errors_total",
+                "User store calls that failed (store unreachable, failing or too slow), by operation.",
+            ),
+            guest_telemetry_dropped: counter(
+                "guest_telemetry_dropped_total",
+                "Guest spans, attributes and log events dropped by the per-request quotas, and \
+                 routes labelled _OTHER past the per-guest cap, by signal.",
+            ),
+        };
+        // Both results exist from the start, so rates are defined before the first lookup.
+        for result in ["success", "failure"] {
+            metrics
+                .user_lookups
+                .add(0, &[KeyValue::new("result", result)]);
+            metrics
+                .guest_reloads
+                .add(0, &[KeyValue::new("result", result)]);
         }
+        for operation in STORE_OPERATIONS {
+            metrics
+                .store_errors
+                .add(0, &[KeyValue::new("operation", operation)]);
+        }
+        for signal in ["span", "attribute", "log"] {
+            metrics
+                .guest_telemetry_dropped
+                .add(0, &[KeyValue::new("signal", signal)]);
+        }
+        metrics.users_stored.record(0, &[]);
+        metrics
     }
 
     /// Counts one answered request and its latency. `route` is a template or [`UNMATCHED`].
@@ -191,13 +205,14 @@ impl Metrics {
         status: u16,
         elapsed: Duration,
     ) {
-        let method = method_label(method);
-        self.requests
-            .with_label_values(&[method, route, &status.to_string()])
-            .inc();
+        let method = KeyValue::new("method", method_label(method));
+        let route = KeyValue::new("route", route.to_string());
         self.request_duration
-            .with_label_values(&[method, route])
-            .observe(elapsed.as_secs_f64());
+            .record(elapsed.as_secs_f64(), &[method.clone(), route.clone()]);
+        self.requests.add(
+            1,
+            &[method, route, KeyValue::new("status", i64::from(status))],
+        );
     }
 
     /// Counts one lookup of a user by id.
@@ -206,18 +221,18 @@ impl Metrics {
             LookupResult::Success => "success",
             LookupResult::Failure => "failure",
         };
-        self.user_lookups.with_label_values(&[label]).inc();
+        self.user_lookups.add(1, &[KeyValue::new("result", label)]);
     }
 
     /// Counts one guest reload, accepted (`true`) or rejected.
     pub fn observe_reload(&self, accepted: bool) {
         let label = if accepted { "success" } else { "failure" };
-        self.guest_reloads.with_label_values(&[label]).inc();
+        self.guest_reloads.add(1, &[KeyValue::new("result", label)]);
     }
 
     /// Records how long one guest instantiation took.
     pub fn observe_instantiation(&self, elapsed: Duration) {
-        self.guest_instantiation.observe(elapsed.as_secs_f64());
+        self.guest_instantiation.record(elapsed.as_secs_f64(), &[]);
     }
 
     /// Records one user store call: its time, and whether it failed.
@@ -228,11 +243,13 @@ impl Metrics {
         elapsed: Duration,
         failed: bool,
     ) {
-        self.store_operation
-            .with_label_values(&[operation, store])
-            .observe(elapsed.as_secs_f64());
+        let operation = KeyValue::new("operation", operation);
+        self.store_operation.record(
+            elapsed.as_secs_f64(),
+            &[operation.clone(), KeyValue::new("store", store)],
+        );
         if failed {
-            self.store_errors.with_label_values(&[operation]).inc();
+            self.store_errors.add(1, &[operation]);
         }
     }
 
@@ -243,27 +260,31 @@ impl Metrics {
             ("attribute", dropped.attributes),
             ("log", dropped.log_events),
         ] {
-            self.guest_telemetry_dropped
-                .with_label_values(&[signal])
-                .inc_by(count);
+            if count > 0 {
+                self.guest_telemetry_dropped
+                    .add(count, &[KeyValue::new("signal", signal)]);
+            }
         }
     }
 
     /// Counts one route a guest named that was labelled `_OTHER`.
     pub fn observe_folded_route(&self) {
         self.guest_telemetry_dropped
-            .with_label_values(&["route"])
-            .inc();
+            .add(1, &[KeyValue::new("signal", "route")]);
+    }
+
+    /// Sets `users_stored`, when the store could tell (`None` keeps the last value).
+    pub fn observe_users_stored(&self, users_stored: Option<u64>) {
+        if let Some(count) = users_stored {
+            self.users_stored.record(count, &[]);
+        }
     }
 
     /// Every metric in the Prometheus text exposition format, with `users_stored` set to
     /// `users_stored` (read from the store at scrape time, so it is never stale). `None` (the
     /// store could not tell) keeps the last value.
     pub fn render(&self, users_stored: Option<u64>) -> String {
-        if let Some(count) = users_stored {
-            self.users_stored
-                .set(i64::try_from(count).unwrap_or(i64::MAX));
-        }
+        self.observe_users_stored(users_stored);
         let mut text = Vec::new();
         TextEncoder::new()
             .encode(&self.registry.gather(), &mut text)

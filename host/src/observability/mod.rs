@@ -1,16 +1,18 @@
 //! What the host tells about itself and its guests: spans, log lines and metrics.
 //!
-//! - [`pipeline`]: installs the log writers and the span exporter, flushes them at shutdown;
+//! - [`pipeline`]: installs the log writers and the exporters, flushes them at shutdown;
 //! - [`jaeger_agent`]: the exporter of spans to a Jaeger agent, Thrift over UDP;
-//! - [`settings`]: the log and span settings, the OpenTelemetry SDK's variables among them;
+//! - [`otlp`]: the OTLP exporters of spans, metrics and log records;
+//! - [`settings`]: the log and export settings, the OpenTelemetry SDK's variables among them;
 //! - [`request_span`]: each request's server span and what its answer records on it;
 //! - [`logs`]: the JSON log line format;
-//! - [`metrics`]: every metric name, and the `/metrics` page;
+//! - [`metrics`]: every instrument, and the `/metrics` page;
 //! - [`routes`]: the route templates guests name, a bounded set of labels per guest.
 
 pub mod jaeger_agent;
 pub mod logs;
 pub mod metrics;
+pub mod otlp;
 pub mod pipeline;
 pub mod request_span;
 pub mod routes;

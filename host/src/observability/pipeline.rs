@@ -1,21 +1,30 @@
-//! Telemetry set-up and the request's server span: the one place that names spans and their
-//! fields, installs the exporter and the log writers, and flushes them at shutdown.
+//! Telemetry set-up: the one place that installs the log writers and the exporters of all
+//! three signals, and flushes them at shutdown.
 //!
-//! Spans go to a Jaeger agent over UDP or to an OTLP collector over HTTP or gRPC (batched, off
-//! the request path, as `OTEL_TRACES_EXPORTER` says); log lines go, as JSON,
-//! to stdout and to the log file through non-blocking writers. `RUST_LOG` filters the logs only:
-//! spans are exported whatever the log level.
+//! Log lines go, as JSON, to stdout and to the log file through non-blocking writers, and, when
+//! `OTEL_LOGS_EXPORTER` says so, to an OTLP collector as log records. Spans go to a Jaeger agent
+//! over UDP or to an OTLP collector (`OTEL_TRACES_EXPORTER`). The metrics are served at
+//! `/metrics` and, when `OTEL_METRICS_EXPORTER` says so, pushed to an OTLP collector. Every
+//! export is batched on a thread of the SDK's, off the request path, from a bounded queue, one
+//! export at a time, each given up at its timeout. `RUST_LOG` filters the logs only: spans are
+//! exported whatever the log level.
 
 use std::io::{BufWriter, Write};
 use std::path::Path;
+use std::sync::Arc;
 use std::time::Duration;
 
 use opentelemetry::KeyValue;
 use opentelemetry::trace::TracerProvider as _;
+use opentelemetry_appender_tracing::layer::OpenTelemetryTracingBridge;
 use opentelemetry_sdk::Resource;
-use opentelemetry_sdk::export::trace::SpanExporter;
+use opentelemetry_sdk::error::OTelSdkError;
+use opentelemetry_sdk::logs::SdkLoggerProvider;
+use opentelemetry_sdk::metrics::{PeriodicReader, SdkMeterProvider};
 use opentelemetry_sdk::propagation::TraceContextPropagator;
-use opentelemetry_sdk::trace::{BatchConfigBuilder, BatchSpanProcessor};
+use opentelemetry_sdk::runtime::Tokio;
+use opentelemetry_sdk::trace::span_processor_with_async_runtime::BatchSpanProcessor;
+use opentelemetry_sdk::trace::{BatchConfigBuilder, SdkTracerProvider};
 use tracing_appender::non_blocking::WorkerGuard;
 use tracing_subscriber::Layer;
 use tracing_subscriber::filter::{EnvFilter, FilterExt, filter_fn};
@@ -25,47 +34,71 @@ use tracing_subscriber::util::SubscriberInitExt;
 
 use crate::observability::jaeger_agent::AgentExporter;
 use crate::observability::logs::{JsonFieldSets, JsonLines};
-use crate::observability::settings::{
-    DEFAULT_LOG_FILTER, OtlpProtocol, OtlpSettings, SpanExport, TelemetrySettings,
-};
+use crate::observability::metrics::Metrics;
+use crate::observability::otlp::{self, Reported};
+use crate::observability::settings::{DEFAULT_LOG_FILTER, SpanExport, TelemetrySettings};
 
-/// How long the exit waits for the last spans to leave.
-const FLUSH_DEADLINE: Duration = Duration::from_secs(5);
+/// How long the exit waits for the last spans, metrics and log records to leave, in all.
+pub const FLUSH_DEADLINE: Duration = Duration::from_secs(5);
+
 /// One export to the Jaeger agent: a UDP send never waits, so this is never reached.
 const AGENT_EXPORT_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// Spans per export unless `OTEL_BSP_MAX_EXPORT_BATCH_SIZE` says otherwise. A request span is
-/// about 350 bytes in Thrift, so 128 of them fit one 65,000-byte UDP packet; the SDK's default
-/// of 512 does not, and the exporter then halves the batch and encodes each half again (and
-/// again), which made span encoding the host's largest user-space cost under load.
-const SPANS_PER_BATCH: usize = 128;
+/// Spans per export to the Jaeger agent unless `OTEL_BSP_MAX_EXPORT_BATCH_SIZE` says otherwise.
+/// A request span is about 350 bytes in Thrift, so 128 of them fit one 65,000-byte datagram.
+const SPANS_PER_AGENT_BATCH: usize = 128;
 
-/// Keeps the log writers and the span exporter alive; dropping it flushes both.
+/// Targets whose events never become OTLP log records: the exporters' own HTTP and gRPC stacks,
+/// whose lines about sending a record would each make another record.
+const EXPORTER_TARGETS: [&str; 6] = ["opentelemetry", "hyper", "h2", "tonic", "tower", "reqwest"];
+
+/// The host's telemetry: its metrics, and the exporters and log writers that dropping this
+/// flushes.
 ///
-/// Drop it from a blocking context (not a runtime worker): the exporter's shutdown blocks on
-/// the batch task's last export.
-#[must_use = "dropping the guard stops logging and tracing"]
-pub struct TelemetryGuard {
+/// Drop it from a blocking context (not a runtime worker) while the runtime still runs: the
+/// last exports are sent through it.
+#[must_use = "dropping the telemetry stops logging and exporting"]
+pub struct Telemetry {
+    metrics: Arc<Metrics>,
+    tracer: Option<SdkTracerProvider>,
+    meter: SdkMeterProvider,
+    logger: Option<SdkLoggerProvider>,
     _log_writers: Vec<WorkerGuard>,
 }
 
-impl Drop for TelemetryGuard {
+impl Telemetry {
+    /// The host's metrics, served at `/metrics` and pushed where the settings say.
+    pub fn metrics(&self) -> Arc<Metrics> {
+        Arc::clone(&self.metrics)
+    }
+}
+
+impl Drop for Telemetry {
     fn drop(&mut self) {
-        // The last export waits on the collector: on a thread of its own, so that a collector
-        // that never answers delays the exit by at most `FLUSH_DEADLINE`.
+        // The last exports wait on collectors: on a thread of their own, so that collectors that
+        // never answer delay the exit by at most `FLUSH_DEADLINE`, all three signals together.
+        let tracer = self.tracer.take();
+        let meter = self.meter.clone();
+        let logger = self.logger.take();
         let (done, flushed) = std::sync::mpsc::channel();
         std::thread::spawn(move || {
-            opentelemetry::global::shutdown_tracer_provider();
+            if let Some(tracer) = tracer {
+                let _ = tracer.shutdown_with_timeout(FLUSH_DEADLINE);
+            }
+            let _ = meter.shutdown_with_timeout(FLUSH_DEADLINE);
+            if let Some(logger) = logger {
+                let _ = logger.shutdown_with_timeout(FLUSH_DEADLINE);
+            }
             let _ = done.send(());
         });
         let _ = flushed.recv_timeout(FLUSH_DEADLINE);
     }
 }
 
-/// Installs logging (stdout and the settings' log file) and span export. Never fails: a log file that
-/// cannot be opened or an exporter that cannot start is one warning, and the service runs on.
-/// Must run inside the tokio runtime (the exporter's batch task lives there).
-pub fn init(settings: &TelemetrySettings) -> TelemetryGuard {
+/// Installs logging (stdout and the settings' log file) and the exporters. Never fails: a log
+/// file that cannot be opened or an exporter that cannot start is one warning, and the service
+/// runs on. Must run inside the tokio runtime (the OTLP exporters' connections live there).
+pub fn init(settings: &TelemetrySettings) -> Telemetry {
     // Buffered behind the non-blocking channel: its worker flushes whenever the channel runs
     // dry, so a burst of lines is one write, not one system call per line.
     let (stdout, stdout_guard) = tracing_appender::non_blocking(BufWriter::new(std::io::stdout()));
@@ -75,8 +108,10 @@ pub fn init(settings: &TelemetrySettings) -> TelemetryGuard {
             Err(error) => (Box::new(std::io::sink()), Some(error)),
         };
     let (file, file_guard) = tracing_appender::non_blocking(file_target);
-    let log_level = EnvFilter::try_new(&settings.log_filter)
-        .unwrap_or_else(|_| EnvFilter::new(DEFAULT_LOG_FILTER));
+    let log_level = || {
+        EnvFilter::try_new(&settings.log_filter)
+            .unwrap_or_else(|_| EnvFilter::new(DEFAULT_LOG_FILTER))
+    };
     // Spans stay enabled whatever the level, so a WARN line still carries its request's fields.
     // The level hints matter: they set the `log` crate's maximum level, and cranelift logs every
     // compilation step through `log` at debug and trace.
@@ -84,75 +119,95 @@ pub fn init(settings: &TelemetrySettings) -> TelemetryGuard {
         filter_fn(|metadata| metadata.is_span() && *metadata.level() <= tracing::Level::INFO)
             .with_max_level_hint(tracing::Level::INFO)
     };
-    let log_level = log_level.or(info_spans());
     let logs = tracing_subscriber::fmt::layer()
         .event_format(JsonLines)
         .fmt_fields(JsonFieldSets)
         .with_writer(stdout.and(file))
-        .with_filter(log_level);
+        .with_filter(log_level().or(info_spans()));
 
     opentelemetry::global::set_text_map_propagator(TraceContextPropagator::new());
-    // An unreachable agent or collector must cost nothing: its errors are said in one WARN line
-    // a minute at most, so a user whose spans go nowhere learns it without a flood of lines.
-    let _ = opentelemetry::global::set_error_handler(warn_of_export_errors);
-    let (tracer, exporter_error) = match tracer(settings) {
-        Ok(tracer) => (tracer, None),
-        Err(error) => (None, Some(error)),
-    };
-    let spans = tracer.map(|tracer| {
+    let resource = resource(settings);
+    let mut problems = Vec::new();
+    let tracer = tracer_provider(settings, &resource)
+        .map_err(|error| problems.push(("spans", error)))
+        .ok()
+        .flatten();
+    let spans = tracer.as_ref().map(|provider| {
         // Without code locations, thread ids and busy/idle timings: tags nobody reads here, and
-        // the exporter's Thrift encoding of every tag is a visible share of the host's CPU.
+        // encoding every tag is a visible share of the host's CPU.
         tracing_opentelemetry::layer()
-            .with_tracer(tracer)
+            .with_tracer(provider.tracer("host"))
             .with_location(false)
             .with_threads(false)
             .with_tracked_inactivity(false)
             .with_filter(info_spans())
     });
-    tracing_subscriber::registry().with(logs).with(spans).init();
+    let logger = logger_provider(settings, &resource)
+        .map_err(|error| problems.push(("log records", error)))
+        .ok()
+        .flatten();
+    let log_records = logger.as_ref().map(|provider| {
+        let not_an_exporter = filter_fn(|metadata| {
+            let target = metadata.target();
+            !EXPORTER_TARGETS
+                .iter()
+                .any(|exporter| target.starts_with(exporter))
+        });
+        OpenTelemetryTracingBridge::new(provider).with_filter(log_level().and(not_an_exporter))
+    });
+    let metric_reader = settings
+        .metric_export
+        .as_ref()
+        .map(|otlp| {
+            let exporter = otlp::metric_exporter(otlp)?;
+            Ok::<_, OTelSdkError>(
+                PeriodicReader::builder(Reported::new(exporter, "metric"))
+                    .with_interval(settings.metric_interval)
+                    .build(),
+            )
+        })
+        .transpose()
+        .map_err(|error| problems.push(("metrics", error)))
+        .ok()
+        .flatten();
+    let (metrics, meter) = Metrics::exported(resource, metric_reader);
+    tracing_subscriber::registry()
+        .with(logs)
+        .with(spans)
+        .with(log_records)
+        .init();
 
     if let Some(error) = file_error {
         tracing::warn!(path = %settings.log_file.display(), %error, "cannot write the log file; logging to stdout only");
     }
-    if let Some(error) = exporter_error {
-        tracing::warn!(%error, "cannot start the span exporter; spans are not exported");
+    for (signal, error) in problems {
+        tracing::warn!(%error, "cannot start the exporter of {signal}; they are not exported");
+    }
+    let (exporter, endpoint) = settings.export.describe();
+    if tracer.is_none() {
+        tracing::info!(exporter = "none", "spans are not exported");
     } else {
-        let (exporter, endpoint) = settings.export.describe();
-        if endpoint.is_empty() {
-            tracing::info!(exporter, "spans are not exported");
-        } else {
-            tracing::info!(exporter, endpoint, "spans go to {endpoint}");
-        }
+        tracing::info!(exporter, endpoint, "spans go to {endpoint}");
     }
-    TelemetryGuard {
+    if let Some(otlp) = &settings.metric_export {
+        let endpoint = otlp.endpoint.as_str();
+        let interval_ms = settings.metric_interval.as_millis() as u64;
+        tracing::info!(
+            endpoint,
+            interval_ms,
+            "metrics go to {endpoint} as well as /metrics"
+        );
+    }
+    if let (Some(otlp), Some(_)) = (&settings.log_export, &logger) {
+        let endpoint = otlp.endpoint.as_str();
+        tracing::info!(endpoint, "log records go to {endpoint}");
+    }
+    Telemetry {
+        metrics: Arc::new(metrics),
+        tracer,
+        meter,
+        logger,
         _log_writers: vec![stdout_guard, file_guard],
-    }
-}
-
-/// How often, at most, a failing span export is said in a WARN line.
-pub const EXPORT_WARNING_INTERVAL: Duration = Duration::from_secs(60);
-
-/// The OpenTelemetry SDK's error handler: the first error, then at most one a minute, as a WARN
-/// line (later ones in the same minute are counted in the next line).
-fn warn_of_export_errors(error: opentelemetry::global::Error) {
-    use std::sync::Mutex;
-    use std::time::Instant;
-    static LAST: Mutex<Option<(Instant, u64)>> = Mutex::new(None);
-    let mut last = LAST
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
-    match &mut *last {
-        Some((said, unsaid)) if said.elapsed() < EXPORT_WARNING_INTERVAL => *unsaid += 1,
-        _ => {
-            let unsaid = last.map_or(0, |(_, unsaid)| unsaid);
-            *last = Some((Instant::now(), 0));
-            drop(last);
-            tracing::warn!(
-                %error,
-                errors_since_last_line = unsaid,
-                "span export failed; spans are being lost (said at most once a minute)"
-            );
-        }
     }
 }
 
@@ -166,31 +221,36 @@ fn open_append(path: &Path) -> std::io::Result<std::fs::File> {
         .open(path)
 }
 
-/// The tracer of the exporter `settings` choose, installed as the global provider; `None` when
-/// spans are not exported.
-fn tracer(
+/// The tracer provider of the exporter `settings` choose; `None` when spans are not exported.
+fn tracer_provider(
     settings: &TelemetrySettings,
-) -> Result<Option<opentelemetry_sdk::trace::Tracer>, opentelemetry::trace::TraceError> {
-    let resource = resource(settings);
+    resource: &Resource,
+) -> Result<Option<SdkTracerProvider>, OTelSdkError> {
     let limits = settings.batch;
-    // Every setting given here, so none comes from the SDK's own unchecked reading.
+    // Every setting given here, so none comes from the SDK's own unchecked reading. The queue
+    // is bounded: when the exporter falls behind, new spans are dropped, never waited for.
     let batch = BatchConfigBuilder::default()
         .with_scheduled_delay(limits.schedule_delay)
         .with_max_queue_size(limits.max_queue_size)
         .with_max_concurrent_exports(limits.max_concurrent_exports);
-    let tracer = match &settings.export {
+    let processor = match &settings.export {
         SpanExport::Off => return Ok(None),
         SpanExport::JaegerAgent { host, port } => {
             let exporter = AgentExporter::new(host, *port, settings.service_name.clone())
-                .map_err(|error| opentelemetry::trace::TraceError::Other(Box::new(error)))?;
+                .map_err(|error| OTelSdkError::InternalFailure(error.to_string()))?;
             let batch = batch
-                .with_max_export_batch_size(limits.max_export_batch_size.unwrap_or(SPANS_PER_BATCH))
+                .with_max_export_batch_size(
+                    limits
+                        .max_export_batch_size
+                        .unwrap_or(SPANS_PER_AGENT_BATCH),
+                )
                 .with_max_export_timeout(limits.export_timeout.unwrap_or(AGENT_EXPORT_TIMEOUT));
-            install(exporter, batch, resource)
+            BatchSpanProcessor::builder(Reported::new(exporter, "span"), Tokio)
+                .with_batch_config(batch.build())
+                .build()
         }
         SpanExport::Otlp(otlp) => {
-            // The batch processor drops an export that outlives this, whatever the transport
-            // does; the exporter itself reads `OTEL_EXPORTER_OTLP_TIMEOUT` as seconds.
+            // `OTEL_BSP_EXPORT_TIMEOUT` bounds an export too, when it is the shorter.
             let timeout = limits
                 .export_timeout
                 .map_or(otlp.timeout, |timeout| timeout.min(otlp.timeout));
@@ -198,178 +258,66 @@ fn tracer(
             if let Some(size) = limits.max_export_batch_size {
                 batch = batch.with_max_export_batch_size(size);
             }
-            install(otlp_exporter(otlp, timeout)?, batch, resource)
+            let exporter = otlp::span_exporter(otlp, timeout)?;
+            BatchSpanProcessor::builder(Reported::new(exporter, "span"), Tokio)
+                .with_batch_config(batch.build())
+                .build()
         }
     };
-    Ok(Some(tracer))
+    Ok(Some(
+        SdkTracerProvider::builder()
+            .with_span_processor(processor)
+            .with_resource(resource.clone())
+            .build(),
+    ))
 }
 
-/// An OTLP exporter over the settings' transport, async on the host's runtime: reqwest for
-/// HTTP, tonic for gRPC (connected lazily, so a collector that is not up yet is no error).
-fn otlp_exporter(
-    otlp: &OtlpSettings,
-    timeout: Duration,
-) -> Result<opentelemetry_otlp::SpanExporter, opentelemetry::trace::TraceError> {
-    use opentelemetry_otlp::WithExportConfig;
-    match otlp.protocol {
-        OtlpProtocol::HttpProtobuf => {
-            // Not the exporter's default client: that one follows redirects (resending the
-            // headers, API keys included, wherever a collector points) and honours
-            // `HTTP_PROXY`. A collector's answer is read within the timeout.
-            let client = otlp_reqwest::Client::builder()
-                .redirect(otlp_reqwest::redirect::Policy::none())
-                .no_proxy()
-                .timeout(timeout)
-                .connect_timeout(timeout)
-                .build()
-                .map_err(|error| opentelemetry::trace::TraceError::Other(Box::new(error)))?;
-            let invalid = |error: String| opentelemetry::trace::TraceError::from(error);
-            let endpoint = otlp
-                .endpoint
-                .parse()
-                .map_err(|_| invalid("endpoint".into()))?;
-            let mut headers = otlp_http::HeaderMap::new();
-            for (name, value) in &otlp.headers {
-                // Checked as HTTP headers at start.
-                let name: otlp_http::HeaderName =
-                    name.parse().map_err(|_| invalid("header name".into()))?;
-                let value = value.parse().map_err(|_| invalid("header value".into()))?;
-                headers.insert(name, value);
-            }
-            opentelemetry_otlp::new_exporter()
-                .http()
-                .with_http_client(ToEndpoint {
-                    client,
-                    endpoint,
-                    headers,
-                })
-                .with_endpoint(&otlp.endpoint)
-                .with_timeout(timeout)
-                .build_span_exporter()
-        }
-        OtlpProtocol::Grpc => {
-            let mut metadata = tonic::metadata::MetadataMap::new();
-            for (name, value) in &otlp.headers {
-                // Checked as HTTP headers at start; gRPC metadata keys are the same, lower-cased.
-                if let (Ok(key), Ok(value)) = (
-                    tonic::metadata::AsciiMetadataKey::from_bytes(
-                        name.to_ascii_lowercase().as_bytes(),
-                    ),
-                    value.parse(),
-                ) {
-                    metadata.insert(key, value);
-                }
-            }
-            // A channel of ours: the exporter's own would take its endpoint and timeout from
-            // the raw variables, over the values given here.
-            let channel = tonic::transport::Channel::from_shared(otlp.endpoint.clone())
-                .map_err(|error| opentelemetry::trace::TraceError::Other(Box::new(error)))?
-                .timeout(timeout)
-                .connect_lazy();
-            // The exporter adds the variables' headers to the metadata it is given; the
-            // interceptor, which runs last, sends only the host's. (Its error type is tonic's.)
-            #[allow(clippy::result_large_err)]
-            let host_metadata = move |mut request: tonic::Request<()>| {
-                *request.metadata_mut() = metadata.clone();
-                Ok(request)
-            };
-            opentelemetry_otlp::new_exporter()
-                .tonic()
-                .with_channel(channel)
-                .with_interceptor(host_metadata)
-                .build_span_exporter()
-        }
-    }
-}
-
-/// The OTLP/HTTP client: sends every export to the endpoint, with the headers, the settings
-/// name. opentelemetry-otlp 0.16 reads the `OTEL_EXPORTER_OTLP_*` variables again itself, raw,
-/// and lets them win over what it is given (a blank endpoint becomes a URL of its own, the
-/// variable's headers are added last); the host reads each variable once, and this is where its
-/// reading wins.
-#[derive(Debug)]
-struct ToEndpoint {
-    client: otlp_reqwest::Client,
-    endpoint: otlp_http::Uri,
-    /// The settings' headers, sent in place of any the exporter added.
-    headers: otlp_http::HeaderMap,
-}
-
-impl opentelemetry_http::HttpClient for ToEndpoint {
-    fn send<'client, 'call>(
-        &'client self,
-        mut request: otlp_http::Request<Vec<u8>>,
-    ) -> std::pin::Pin<
-        Box<
-            dyn Future<
-                    Output = Result<
-                        otlp_http::Response<bytes::Bytes>,
-                        opentelemetry_http::HttpError,
-                    >,
-                > + Send
-                + 'call,
-        >,
-    >
-    where
-        'client: 'call,
-        Self: 'call,
-    {
-        *request.uri_mut() = self.endpoint.clone();
-        let content = [
-            otlp_http::header::CONTENT_TYPE,
-            otlp_http::header::CONTENT_ENCODING,
-        ]
-        .map(|name| {
-            request
-                .headers()
-                .get(&name)
-                .cloned()
-                .map(|value| (name, value))
-        });
-        let headers = request.headers_mut();
-        headers.clone_from(&self.headers);
-        headers.extend(content.into_iter().flatten());
-        self.client.send(request)
-    }
-}
-
-/// Sends `exporter`'s spans in batches from a task of its own, and installs the provider.
-fn install<E: SpanExporter + 'static>(
-    exporter: E,
-    batch: BatchConfigBuilder,
-    resource: Resource,
-) -> opentelemetry_sdk::trace::Tracer {
-    // The queue is bounded (`OTEL_BSP_MAX_QUEUE_SIZE`, 2,048): when the exporter falls behind,
-    // new spans are dropped, never waited for.
-    let processor = BatchSpanProcessor::builder(exporter, opentelemetry_sdk::runtime::Tokio)
-        .with_batch_config(batch.build())
+/// The logger provider that sends log records where `settings` say; `None` when they are not
+/// exported.
+fn logger_provider(
+    settings: &TelemetrySettings,
+    resource: &Resource,
+) -> Result<Option<SdkLoggerProvider>, OTelSdkError> {
+    let Some(otlp) = &settings.log_export else {
+        return Ok(None);
+    };
+    let limits = settings.log_batch;
+    let batch = opentelemetry_sdk::logs::BatchConfigBuilder::default()
+        .with_scheduled_delay(limits.schedule_delay)
+        .with_max_queue_size(limits.max_queue_size)
+        .with_max_export_batch_size(limits.max_export_batch_size)
         .build();
-    let provider = opentelemetry_sdk::trace::TracerProvider::builder()
-        .with_span_processor(processor)
-        .with_config(opentelemetry_sdk::trace::config().with_resource(resource))
-        .build();
-    let tracer = provider.tracer("host");
-    opentelemetry::global::set_tracer_provider(provider);
-    tracer
+    let exporter = otlp::log_exporter(otlp)?;
+    let processor =
+        opentelemetry_sdk::logs::BatchLogProcessor::builder(Reported::new(exporter, "log"))
+            .with_batch_config(batch)
+            .build();
+    Ok(Some(
+        SdkLoggerProvider::builder()
+            .with_log_processor(processor)
+            .with_resource(resource.clone())
+            .build(),
+    ))
 }
 
-/// What every span says of the process that sent it: the service and its version, this
+/// What every span, metric and log record says of the process that sent it: the service and its version, this
 /// process among the service's replicas, the machine, and `OTEL_RESOURCE_ATTRIBUTES`.
 fn resource(settings: &TelemetrySettings) -> Resource {
-    let detected = Resource::new([
-        KeyValue::new("service.version", env!("CARGO_PKG_VERSION")),
-        KeyValue::new("service.instance.id", uuid::Uuid::new_v4().to_string()),
-        KeyValue::new("host.name", host_name()),
-    ]);
-    let from_environment = Resource::new(
-        settings
-            .resource_attributes
-            .iter()
-            .map(|(key, value)| KeyValue::new(key.clone(), value.clone())),
-    );
-    let name = Resource::new([KeyValue::new("service.name", settings.service_name.clone())]);
     // Later wins: what the user set over what was detected, the service name over both.
-    detected.merge(&from_environment).merge(&name)
+    Resource::builder_empty()
+        .with_attributes([
+            KeyValue::new("service.version", env!("CARGO_PKG_VERSION")),
+            KeyValue::new("service.instance.id", uuid::Uuid::new_v4().to_string()),
+            KeyValue::new("host.name", host_name()),
+        ])
+        .with_attributes(
+            settings
+                .resource_attributes
+                .iter()
+                .map(|(key, value)| KeyValue::new(key.clone(), value.clone())),
+        )
+        .with_service_name(settings.service_name.clone())
+        .build()
 }
 
 /// This machine's host name, as `hostname` prints it.

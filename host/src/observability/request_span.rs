@@ -67,7 +67,8 @@ pub fn request_span(
     let caller = opentelemetry::global::get_text_map_propagator(|propagator| {
         propagator.extract(&HeaderExtractor(headers))
     });
-    span.set_parent(caller);
+    // Fails only where no span is exported (no OpenTelemetry layer): there is no trace to join.
+    let _ = span.set_parent(caller);
     let context = span.context();
     let span_context = context.span().span_context().clone();
     if span_context.is_valid() {
@@ -87,7 +88,11 @@ pub fn record_answer(
     status: u16,
 ) {
     let method_name = standard_method(method).unwrap_or(OTHER_METHOD);
-    span.record("otel.name", format!("HTTP {method_name} {route}"));
+    // On the OpenTelemetry span itself: it started when the request's ids were read from it,
+    // and a started span takes a new name only this way.
+    span.context()
+        .span()
+        .update_name(format!("HTTP {method_name} {route}"));
     if record_route {
         span.record("http.route", route);
     }

@@ -57,6 +57,22 @@ pub struct TelemetryArgs {
 
 // The SDK's variables, by name; each is described once, in `OTEL_VARIABLES`.
 const TRACES_EXPORTER: &str = "OTEL_TRACES_EXPORTER";
+const METRICS_EXPORTER: &str = "OTEL_METRICS_EXPORTER";
+const LOGS_EXPORTER: &str = "OTEL_LOGS_EXPORTER";
+const METRIC_EXPORT_INTERVAL: &str = "OTEL_METRIC_EXPORT_INTERVAL";
+const OTLP_METRICS_ENDPOINT: &str = "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT";
+const OTLP_METRICS_PROTOCOL: &str = "OTEL_EXPORTER_OTLP_METRICS_PROTOCOL";
+const OTLP_METRICS_HEADERS: &str = "OTEL_EXPORTER_OTLP_METRICS_HEADERS";
+const OTLP_METRICS_TIMEOUT: &str = "OTEL_EXPORTER_OTLP_METRICS_TIMEOUT";
+const OTLP_METRICS_COMPRESSION: &str = "OTEL_EXPORTER_OTLP_METRICS_COMPRESSION";
+const OTLP_LOGS_ENDPOINT: &str = "OTEL_EXPORTER_OTLP_LOGS_ENDPOINT";
+const OTLP_LOGS_PROTOCOL: &str = "OTEL_EXPORTER_OTLP_LOGS_PROTOCOL";
+const OTLP_LOGS_HEADERS: &str = "OTEL_EXPORTER_OTLP_LOGS_HEADERS";
+const OTLP_LOGS_TIMEOUT: &str = "OTEL_EXPORTER_OTLP_LOGS_TIMEOUT";
+const OTLP_LOGS_COMPRESSION: &str = "OTEL_EXPORTER_OTLP_LOGS_COMPRESSION";
+const BLRP_SCHEDULE_DELAY: &str = "OTEL_BLRP_SCHEDULE_DELAY";
+const BLRP_MAX_QUEUE_SIZE: &str = "OTEL_BLRP_MAX_QUEUE_SIZE";
+const BLRP_MAX_EXPORT_BATCH_SIZE: &str = "OTEL_BLRP_MAX_EXPORT_BATCH_SIZE";
 const SDK_DISABLED: &str = "OTEL_SDK_DISABLED";
 const OTLP_ENDPOINT: &str = "OTEL_EXPORTER_OTLP_ENDPOINT";
 const OTLP_TRACES_ENDPOINT: &str = "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT";
@@ -80,12 +96,26 @@ const BSP_MAX_CONCURRENT_EXPORTS: &str = "OTEL_BSP_MAX_CONCURRENT_EXPORTS";
 const OTEL_VARIABLES: &[(&str, &str)] = &[
     (
         TRACES_EXPORTER,
-        "Where spans go: jaeger (UDP agent, the default) | otlp | none",
+        "Where spans go: jaeger (UDP agent) | otlp | none [otlp when an OTLP endpoint for \
+         spans is set, else jaeger]",
     ),
-    (SDK_DISABLED, "true: export no spans"),
+    (
+        METRICS_EXPORTER,
+        "Metrics pushed beside /metrics: otlp | none (or prometheus: /metrics only) [otlp \
+         when an OTLP endpoint for metrics is set, else none]",
+    ),
+    (
+        LOGS_EXPORTER,
+        "Log lines also sent as OTLP log records: otlp | none [otlp when an OTLP endpoint \
+         for logs is set, else none]",
+    ),
+    (
+        SDK_DISABLED,
+        "true: export no spans, metrics or logs (/metrics stays)",
+    ),
     (
         OTLP_ENDPOINT,
-        "Collector base URL [http://localhost:4318; over grpc :4317]",
+        "Collector base URL, for all three signals [http://localhost:4318; over grpc :4317]",
     ),
     (
         OTLP_TRACES_ENDPOINT,
@@ -111,6 +141,35 @@ const OTEL_VARIABLES: &[(&str, &str)] = &[
     ),
     (OTLP_COMPRESSION, "none (the only value this build accepts)"),
     (OTLP_TRACES_COMPRESSION, "The same, for spans only"),
+    (
+        OTLP_METRICS_ENDPOINT,
+        "Full URL for metrics (wins over the base URL)",
+    ),
+    (OTLP_METRICS_PROTOCOL, "Protocol for metrics only"),
+    (OTLP_METRICS_HEADERS, "Headers for metrics only"),
+    (OTLP_METRICS_TIMEOUT, "Timeout for metrics only"),
+    (OTLP_METRICS_COMPRESSION, "Compression for metrics only"),
+    (
+        METRIC_EXPORT_INTERVAL,
+        "Milliseconds between two pushes of every metric [60000]",
+    ),
+    (
+        OTLP_LOGS_ENDPOINT,
+        "Full URL for logs (wins over the base URL)",
+    ),
+    (OTLP_LOGS_PROTOCOL, "Protocol for logs only"),
+    (OTLP_LOGS_HEADERS, "Headers for logs only"),
+    (OTLP_LOGS_TIMEOUT, "Timeout for logs only"),
+    (OTLP_LOGS_COMPRESSION, "Compression for logs only"),
+    (
+        BLRP_SCHEDULE_DELAY,
+        "Milliseconds between log record batches [1000]",
+    ),
+    (
+        BLRP_MAX_QUEUE_SIZE,
+        "Log records waiting for export at most; more are dropped [2048]",
+    ),
+    (BLRP_MAX_EXPORT_BATCH_SIZE, "Log records per batch [512]"),
     (
         RESOURCE_ATTRIBUTES,
         "key=value,... on every span's resource, values percent-encoded",
@@ -194,8 +253,8 @@ pub const DEFAULT_HTTP_ENDPOINT: &str = "http://localhost:4318";
 pub const DEFAULT_GRPC_ENDPOINT: &str = "http://localhost:4317";
 /// What one export may take unless `OTEL_EXPORTER_OTLP_TIMEOUT` says otherwise (the SDK's 10 s).
 pub const DEFAULT_OTLP_TIMEOUT: Duration = Duration::from_secs(10);
-/// The path OTLP/HTTP appends to a base endpoint for spans.
-const HTTP_TRACES_PATH: &str = "v1/traces";
+/// The default time between two pushes of the metrics (the SDK specification's minute).
+pub const DEFAULT_METRIC_EXPORT_INTERVAL: Duration = Duration::from_secs(60);
 /// Longest accepted export timeout: a minute is already far beyond any collector's answer.
 const MAX_OTLP_TIMEOUT_MS: u64 = 60_000;
 /// The largest span queue accepted: at about 1 KiB a span, 64 MiB at most.
@@ -256,6 +315,14 @@ pub struct TelemetrySettings {
     pub export: SpanExport,
     /// How spans are queued and batched on their way out.
     pub batch: BatchSettings,
+    /// Where the metrics are pushed, besides `/metrics`, if anywhere.
+    pub metric_export: Option<OtlpSettings>,
+    /// Time between two pushes of the metrics.
+    pub metric_interval: Duration,
+    /// Where log lines go as OTLP log records, besides stdout and the log file, if anywhere.
+    pub log_export: Option<OtlpSettings>,
+    /// How log records are queued and batched on their way out.
+    pub log_batch: LogBatchSettings,
     /// `OTEL_RESOURCE_ATTRIBUTES`, on the resource of every span.
     pub resource_attributes: Vec<(String, String)>,
 }
@@ -294,6 +361,11 @@ impl TelemetryArgs {
             ),
             export: span_export(&var, jaeger_agent)?,
             batch: batch_settings(&var)?,
+            metric_export: otlp_export(&var, &METRICS)?,
+            metric_interval: millis(&var, METRIC_EXPORT_INTERVAL, 1..=3_600_000)?
+                .map_or(DEFAULT_METRIC_EXPORT_INTERVAL, Duration::from_millis),
+            log_export: otlp_export(&var, &LOGS)?,
+            log_batch: log_batch_settings(&var)?,
             resource_attributes,
         })
     }
@@ -362,34 +434,38 @@ pub struct BatchSettings {
     pub max_concurrent_exports: usize,
 }
 
+/// A whole number from `variable` within `range`, if set.
+fn millis(
+    var: &impl Fn(&str) -> Option<String>,
+    variable: &'static str,
+    range: std::ops::RangeInclusive<u64>,
+) -> Result<Option<u64>, Error> {
+    match var(variable)
+        .map(|value| value.trim().to_string())
+        .filter(|value| !value.is_empty())
+    {
+        None => Ok(None),
+        Some(text) => text
+            .parse::<u64>()
+            .ok()
+            .filter(|value| range.contains(value))
+            .map(Some)
+            .ok_or_else(|| {
+                bad(
+                    variable,
+                    &format!(
+                        "expected a whole number from {} to {}",
+                        range.start(),
+                        range.end()
+                    ),
+                )
+            }),
+    }
+}
+
 /// The batch processor's variables (`OTEL_BSP_*`), within bounds that keep the queue bounded.
 pub fn batch_settings(var: &impl Fn(&str) -> Option<String>) -> Result<BatchSettings, Error> {
-    let read = |name: &str| {
-        var(name)
-            .map(|value| value.trim().to_string())
-            .filter(|value| !value.is_empty())
-    };
-    let number =
-        |name: &'static str, range: std::ops::RangeInclusive<u64>| -> Result<Option<u64>, Error> {
-            match read(name) {
-                None => Ok(None),
-                Some(text) => text
-                    .parse::<u64>()
-                    .ok()
-                    .filter(|value| range.contains(value))
-                    .map(Some)
-                    .ok_or_else(|| {
-                        bad(
-                            name,
-                            &format!(
-                                "expected a whole number from {} to {}",
-                                range.start(),
-                                range.end()
-                            ),
-                        )
-                    }),
-            }
-        };
+    let number = |name: &'static str, range| millis(var, name, range);
     let max_queue_size = number(BSP_MAX_QUEUE_SIZE, 1..=MAX_QUEUE_SIZE)?.unwrap_or(2048) as usize;
     let max_export_batch_size =
         number(BSP_MAX_EXPORT_BATCH_SIZE, 1..=MAX_QUEUE_SIZE)?.map(|size| size as usize);
@@ -411,6 +487,143 @@ pub fn batch_settings(var: &impl Fn(&str) -> Option<String>) -> Result<BatchSett
     })
 }
 
+/// The log record processor's settings, checked as the span processor's are.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LogBatchSettings {
+    /// Time between two batches.
+    pub schedule_delay: Duration,
+    /// Records waiting at most; a record beyond is dropped, never waited for.
+    pub max_queue_size: usize,
+    /// Records per export.
+    pub max_export_batch_size: usize,
+}
+
+/// The log record processor's variables (`OTEL_BLRP_*`).
+pub fn log_batch_settings(
+    var: &impl Fn(&str) -> Option<String>,
+) -> Result<LogBatchSettings, Error> {
+    let number = |name: &'static str, range| millis(var, name, range);
+    let max_queue_size = number(BLRP_MAX_QUEUE_SIZE, 1..=MAX_QUEUE_SIZE)?.unwrap_or(2048) as usize;
+    let max_export_batch_size =
+        number(BLRP_MAX_EXPORT_BATCH_SIZE, 1..=MAX_QUEUE_SIZE)?.map_or(512, |size| size as usize);
+    if max_export_batch_size > max_queue_size {
+        return Err(bad(
+            BLRP_MAX_EXPORT_BATCH_SIZE,
+            "larger than OTEL_BLRP_MAX_QUEUE_SIZE",
+        ));
+    }
+    Ok(LogBatchSettings {
+        schedule_delay: Duration::from_millis(
+            number(BLRP_SCHEDULE_DELAY, 1..=3_600_000)?.unwrap_or(1000),
+        ),
+        max_queue_size,
+        max_export_batch_size,
+    })
+}
+
+/// One signal's OTLP variables: its exporter, its own endpoint and transport settings, and the
+/// path OTLP/HTTP appends to a base endpoint for it.
+pub struct Signal {
+    exporter: &'static str,
+    endpoint: &'static str,
+    protocol: &'static str,
+    headers: &'static str,
+    timeout: &'static str,
+    compression: &'static str,
+    http_path: &'static str,
+}
+
+/// Spans' variables.
+pub const TRACES: Signal = Signal {
+    exporter: TRACES_EXPORTER,
+    endpoint: OTLP_TRACES_ENDPOINT,
+    protocol: OTLP_TRACES_PROTOCOL,
+    headers: OTLP_TRACES_HEADERS,
+    timeout: OTLP_TRACES_TIMEOUT,
+    compression: OTLP_TRACES_COMPRESSION,
+    http_path: "v1/traces",
+};
+/// Metrics' variables.
+pub const METRICS: Signal = Signal {
+    exporter: METRICS_EXPORTER,
+    endpoint: OTLP_METRICS_ENDPOINT,
+    protocol: OTLP_METRICS_PROTOCOL,
+    headers: OTLP_METRICS_HEADERS,
+    timeout: OTLP_METRICS_TIMEOUT,
+    compression: OTLP_METRICS_COMPRESSION,
+    http_path: "v1/metrics",
+};
+/// Logs' variables.
+pub const LOGS: Signal = Signal {
+    exporter: LOGS_EXPORTER,
+    endpoint: OTLP_LOGS_ENDPOINT,
+    protocol: OTLP_LOGS_PROTOCOL,
+    headers: OTLP_LOGS_HEADERS,
+    timeout: OTLP_LOGS_TIMEOUT,
+    compression: OTLP_LOGS_COMPRESSION,
+    http_path: "v1/logs",
+};
+
+/// Whether `OTEL_SDK_DISABLED` turns every export off.
+fn sdk_disabled(read: &impl Fn(&str) -> Option<String>) -> Result<bool, Error> {
+    match read(SDK_DISABLED).map(|value| value.to_ascii_lowercase()) {
+        None => Ok(false),
+        Some(value) if value == "true" => Ok(true),
+        Some(value) if value == "false" => Ok(false),
+        Some(_) => Err(bad(SDK_DISABLED, "expected `true` or `false`")),
+    }
+}
+
+/// The exporter `signal`'s variable names, lower-cased; unset, `otlp` when an OTLP endpoint for
+/// the signal is set (Spin's rule: set the endpoint and everything flows), else `default`.
+fn exporter_named(
+    read: &impl Fn(&str) -> Option<String>,
+    signal: &Signal,
+    default: &str,
+) -> String {
+    match read(signal.exporter) {
+        Some(value) => value.to_ascii_lowercase(),
+        None if read(signal.endpoint).is_some() || read(OTLP_ENDPOINT).is_some() => {
+            "otlp".to_string()
+        }
+        None => default.to_string(),
+    }
+}
+
+/// Where `signal` (metrics or logs) is pushed over OTLP, if anywhere.
+pub fn otlp_export(
+    var: &impl Fn(&str) -> Option<String>,
+    signal: &Signal,
+) -> Result<Option<OtlpSettings>, Error> {
+    let read = |name: &str| {
+        var(name)
+            .map(|value| value.trim().to_string())
+            .filter(|value| !value.is_empty())
+    };
+    let disabled = sdk_disabled(&read)?;
+    let otlp = otlp_settings(&read, signal)?;
+    let export = match exporter_named(&read, signal, "none").as_str() {
+        "otlp" => Some(otlp),
+        // Prometheus is what `/metrics` serves, always.
+        "none" => None,
+        "prometheus" if signal.exporter == METRICS_EXPORTER => None,
+        other if other.contains(',') => {
+            return Err(bad(
+                signal.exporter,
+                "expected one exporter (`otlp` or `none`), not a list",
+            ));
+        }
+        _ if signal.exporter == METRICS_EXPORTER => {
+            return Err(bad(
+                signal.exporter,
+                "expected `otlp`, `prometheus` or `none`",
+            ));
+        }
+        _ => return Err(bad(signal.exporter, "expected `otlp` or `none`")),
+    };
+    Ok(export.filter(|_| !disabled))
+}
+
 /// The span export the variables ask for. `jaeger_agent` is where the `jaeger` exporter sends
 /// (its own settings are [`TelemetryArgs`]' flags).
 pub fn span_export(
@@ -424,16 +637,9 @@ pub fn span_export(
     };
     // Every variable is checked, the ones the chosen exporter ignores too: a typo in a setting
     // meant for later should not wait until then to show.
-    let disabled = match read(SDK_DISABLED).map(|value| value.to_ascii_lowercase()) {
-        None => false,
-        Some(value) if value == "true" => true,
-        Some(value) if value == "false" => false,
-        Some(_) => return Err(bad(SDK_DISABLED, "expected `true` or `false`")),
-    };
-    let exporter = read(TRACES_EXPORTER)
-        .map_or_else(|| "jaeger".to_string(), |value| value.to_ascii_lowercase());
-    let otlp = otlp_settings(&read)?;
-    let export = match exporter.as_str() {
+    let disabled = sdk_disabled(&read)?;
+    let otlp = otlp_settings(&read, &TRACES)?;
+    let export = match exporter_named(&read, &TRACES, "jaeger").as_str() {
         "jaeger" => {
             let (host, port) = jaeger_agent;
             SpanExport::JaegerAgent { host, port }
@@ -461,14 +667,17 @@ pub fn resource_attributes(
     }
 }
 
-fn otlp_settings(read: &impl Fn(&str) -> Option<String>) -> Result<OtlpSettings, Error> {
-    // The spans' own variable wins over the general one.
+fn otlp_settings(
+    read: &impl Fn(&str) -> Option<String>,
+    signal: &Signal,
+) -> Result<OtlpSettings, Error> {
+    // The signal's own variable wins over the general one.
     let either = |specific: &'static str, general: &'static str| {
         read(specific)
             .map(|value| (specific, value))
             .or_else(|| read(general).map(|value| (general, value)))
     };
-    let protocol = match either(OTLP_TRACES_PROTOCOL, OTLP_PROTOCOL) {
+    let protocol = match either(signal.protocol, OTLP_PROTOCOL) {
         None => OtlpProtocol::HttpProtobuf,
         Some((variable, value)) => match value.to_ascii_lowercase().as_str() {
             "http/protobuf" => OtlpProtocol::HttpProtobuf,
@@ -482,7 +691,7 @@ fn otlp_settings(read: &impl Fn(&str) -> Option<String>) -> Result<OtlpSettings,
             _ => return Err(bad(variable, "expected `http/protobuf` or `grpc`")),
         },
     };
-    for variable in [OTLP_TRACES_COMPRESSION, OTLP_COMPRESSION] {
+    for variable in [signal.compression, OTLP_COMPRESSION] {
         if read(variable).is_some_and(|value| !value.eq_ignore_ascii_case("none")) {
             return Err(bad(
                 variable,
@@ -490,17 +699,17 @@ fn otlp_settings(read: &impl Fn(&str) -> Option<String>) -> Result<OtlpSettings,
             ));
         }
     }
-    let endpoint = match (read(OTLP_TRACES_ENDPOINT), read(OTLP_ENDPOINT)) {
-        (Some(traces), _) => checked_url(OTLP_TRACES_ENDPOINT, traces)?,
-        (None, Some(base)) => with_traces_path(protocol, checked_url(OTLP_ENDPOINT, base)?),
+    let endpoint = match (read(signal.endpoint), read(OTLP_ENDPOINT)) {
+        (Some(own), _) => checked_url(signal.endpoint, own)?,
+        (None, Some(base)) => with_path(protocol, checked_url(OTLP_ENDPOINT, base)?, signal),
         (None, None) => match protocol {
             OtlpProtocol::HttpProtobuf => {
-                with_traces_path(protocol, DEFAULT_HTTP_ENDPOINT.to_string())
+                with_path(protocol, DEFAULT_HTTP_ENDPOINT.to_string(), signal)
             }
             OtlpProtocol::Grpc => DEFAULT_GRPC_ENDPOINT.to_string(),
         },
     };
-    let headers = match either(OTLP_TRACES_HEADERS, OTLP_HEADERS) {
+    let headers = match either(signal.headers, OTLP_HEADERS) {
         None => Vec::new(),
         Some((variable, list)) => {
             let headers = key_value_list(variable, &list)?;
@@ -517,7 +726,7 @@ fn otlp_settings(read: &impl Fn(&str) -> Option<String>) -> Result<OtlpSettings,
             headers
         }
     };
-    let timeout = match either(OTLP_TRACES_TIMEOUT, OTLP_TIMEOUT) {
+    let timeout = match either(signal.timeout, OTLP_TIMEOUT) {
         None => DEFAULT_OTLP_TIMEOUT,
         Some((variable, millis)) => match millis.parse::<u64>() {
             Ok(millis) if (1..=MAX_OTLP_TIMEOUT_MS).contains(&millis) => {
@@ -559,13 +768,15 @@ fn checked_url(variable: &'static str, url: String) -> Result<String, Error> {
     }
 }
 
-/// A base endpoint made the spans' URL: over HTTP, `/v1/traces` after its path, as the OTLP
-/// exporter specification says; over gRPC the service path is fixed, so the URL is kept.
-fn with_traces_path(protocol: OtlpProtocol, base: String) -> String {
+/// A base endpoint made the signal's URL: over HTTP, `/v1/traces` (`/v1/metrics`, `/v1/logs`)
+/// after its path, as the OTLP exporter specification says; over gRPC the service path is
+/// fixed, so the URL is kept.
+fn with_path(protocol: OtlpProtocol, base: String, signal: &Signal) -> String {
+    let path = signal.http_path;
     match protocol {
         OtlpProtocol::Grpc => base,
-        OtlpProtocol::HttpProtobuf if base.ends_with('/') => format!("{base}{HTTP_TRACES_PATH}"),
-        OtlpProtocol::HttpProtobuf => format!("{base}/{HTTP_TRACES_PATH}"),
+        OtlpProtocol::HttpProtobuf if base.ends_with('/') => format!("{base}{path}"),
+        OtlpProtocol::HttpProtobuf => format!("{base}/{path}"),
     }
 }
 

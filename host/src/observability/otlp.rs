@@ -1,0 +1,351 @@
+//! The OTLP exporters of all three signals, built from the host's settings alone, and the one
+//! way a failing export is said.
+//!
+//! opentelemetry-otlp reads the `OTEL_EXPORTER_OTLP_*` variables again itself and adds their
+//! headers after the ones it is given; the host reads each variable once (flags win), so its
+//! exporters get a gRPC channel and interceptor, and an HTTP client, that send to the host's
+//! endpoint with only the host's headers.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use opentelemetry_otlp::{WithExportConfig, WithHttpConfig, WithTonicConfig};
+use opentelemetry_sdk::Resource;
+use opentelemetry_sdk::error::{OTelSdkError, OTelSdkResult};
+use opentelemetry_sdk::logs::{LogBatch, LogExporter};
+use opentelemetry_sdk::metrics::Temporality;
+use opentelemetry_sdk::metrics::data::ResourceMetrics;
+use opentelemetry_sdk::metrics::exporter::PushMetricExporter;
+use opentelemetry_sdk::trace::{SpanData, SpanExporter};
+
+use crate::observability::settings::{OtlpProtocol, OtlpSettings};
+
+/// How often, at most, a failing export of one signal is said in a WARN line.
+pub const EXPORT_WARNING_INTERVAL: Duration = Duration::from_secs(60);
+
+/// The most of a collector's answer that is read; an OTLP answer is a few bytes.
+const MAX_ANSWER_BYTES: usize = 64 * 1024;
+
+/// An exporter whose failures are said in one WARN line a minute at most, so that a user whose
+/// telemetry goes nowhere learns it without a flood of lines.
+#[derive(Debug)]
+pub struct Reported<E> {
+    inner: E,
+    /// `span`, `metric` or `log`: the WARN line starts "<signal> export failed".
+    signal: &'static str,
+    /// When the last line was said, and the failures since.
+    last: Mutex<Option<(Instant, u64)>>,
+}
+
+impl<E> Reported<E> {
+    /// `inner`, its failures said as exports of `signal`.
+    pub fn new(inner: E, signal: &'static str) -> Reported<E> {
+        Reported {
+            inner,
+            signal,
+            last: Mutex::new(None),
+        }
+    }
+
+    /// Says `outcome` if it is a failure: the first, then at most one a minute (the failures in
+    /// between are counted in the next line).
+    fn said(&self, outcome: OTelSdkResult) -> OTelSdkResult {
+        let Err(error) = &outcome else {
+            return outcome;
+        };
+        let mut last = self
+            .last
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        match &mut *last {
+            Some((said, unsaid)) if said.elapsed() < EXPORT_WARNING_INTERVAL => *unsaid += 1,
+            _ => {
+                let unsaid = last.map_or(0, |(_, unsaid)| unsaid);
+                *last = Some((Instant::now(), 0));
+                drop(last);
+                tracing::warn!(
+                    %error,
+                    errors_since_last_line = unsaid,
+                    "{} export failed; {}s are being lost (said at most once a minute)",
+                    self.signal,
+                    self.signal,
+                );
+            }
+        }
+        outcome
+    }
+}
+
+impl<E: SpanExporter> SpanExporter for Reported<E> {
+    async fn export(&self, batch: Vec<SpanData>) -> OTelSdkResult {
+        self.said(self.inner.export(batch).await)
+    }
+
+    fn shutdown_with_timeout(&self, timeout: Duration) -> OTelSdkResult {
+        self.inner.shutdown_with_timeout(timeout)
+    }
+
+    fn set_resource(&mut self, resource: &Resource) {
+        self.inner.set_resource(resource);
+    }
+}
+
+impl<E: LogExporter> LogExporter for Reported<E> {
+    async fn export(&self, batch: LogBatch<'_>) -> OTelSdkResult {
+        self.said(self.inner.export(batch).await)
+    }
+
+    fn shutdown_with_timeout(&self, timeout: Duration) -> OTelSdkResult {
+        self.inner.shutdown_with_timeout(timeout)
+    }
+
+    fn set_resource(&mut self, resource: &Resource) {
+        self.inner.set_resource(resource);
+    }
+}
+
+impl<E: PushMetricExporter> PushMetricExporter for Reported<E> {
+    async fn export(&self, metrics: &ResourceMetrics) -> OTelSdkResult {
+        self.said(self.inner.export(metrics).await)
+    }
+
+    fn force_flush(&self) -> OTelSdkResult {
+        self.inner.force_flush()
+    }
+
+    fn shutdown_with_timeout(&self, timeout: Duration) -> OTelSdkResult {
+        self.inner.shutdown_with_timeout(timeout)
+    }
+
+    fn temporality(&self) -> Temporality {
+        self.inner.temporality()
+    }
+}
+
+/// The error of an exporter that cannot be built from `settings`.
+fn unbuilt(error: impl std::fmt::Display) -> OTelSdkError {
+    OTelSdkError::InternalFailure(format!("cannot build the OTLP exporter: {error}"))
+}
+
+/// The span exporter to `settings`' collector, each export given up after `timeout`.
+pub fn span_exporter(
+    settings: &OtlpSettings,
+    timeout: Duration,
+) -> Result<opentelemetry_otlp::SpanExporter, OTelSdkError> {
+    let builder = opentelemetry_otlp::SpanExporter::builder();
+    match settings.protocol {
+        OtlpProtocol::HttpProtobuf => builder
+            .with_http()
+            .with_http_client(ToEndpoint::new(settings, timeout)?)
+            .with_endpoint(&settings.endpoint)
+            .with_protocol(opentelemetry_otlp::Protocol::HttpBinary)
+            .with_timeout(timeout)
+            .build(),
+        OtlpProtocol::Grpc => {
+            let (channel, interceptor) = grpc(settings, timeout)?;
+            builder
+                .with_tonic()
+                .with_channel(channel)
+                .with_interceptor(interceptor)
+                .with_timeout(timeout)
+                .build()
+        }
+    }
+    .map_err(unbuilt)
+}
+
+/// The metric exporter to `settings`' collector: cumulative sums and histograms, as `/metrics`
+/// shows them, each export given up after the settings' timeout.
+pub fn metric_exporter(
+    settings: &OtlpSettings,
+) -> Result<opentelemetry_otlp::MetricExporter, OTelSdkError> {
+    let timeout = settings.timeout;
+    let builder =
+        opentelemetry_otlp::MetricExporter::builder().with_temporality(Temporality::Cumulative);
+    match settings.protocol {
+        OtlpProtocol::HttpProtobuf => builder
+            .with_http()
+            .with_http_client(ToEndpoint::new(settings, timeout)?)
+            .with_endpoint(&settings.endpoint)
+            .with_protocol(opentelemetry_otlp::Protocol::HttpBinary)
+            .with_timeout(timeout)
+            .build(),
+        OtlpProtocol::Grpc => {
+            let (channel, interceptor) = grpc(settings, timeout)?;
+            builder
+                .with_tonic()
+                .with_channel(channel)
+                .with_interceptor(interceptor)
+                .with_timeout(timeout)
+                .build()
+        }
+    }
+    .map_err(unbuilt)
+}
+
+/// The log record exporter to `settings`' collector, each export given up after the settings'
+/// timeout.
+pub fn log_exporter(
+    settings: &OtlpSettings,
+) -> Result<opentelemetry_otlp::LogExporter, OTelSdkError> {
+    let timeout = settings.timeout;
+    let builder = opentelemetry_otlp::LogExporter::builder();
+    match settings.protocol {
+        OtlpProtocol::HttpProtobuf => builder
+            .with_http()
+            .with_http_client(ToEndpoint::new(settings, timeout)?)
+            .with_endpoint(&settings.endpoint)
+            .with_protocol(opentelemetry_otlp::Protocol::HttpBinary)
+            .with_timeout(timeout)
+            .build(),
+        OtlpProtocol::Grpc => {
+            let (channel, interceptor) = grpc(settings, timeout)?;
+            builder
+                .with_tonic()
+                .with_channel(channel)
+                .with_interceptor(interceptor)
+                .with_timeout(timeout)
+                .build()
+        }
+    }
+    .map_err(unbuilt)
+}
+
+/// Gives every gRPC call exactly the settings' headers as its metadata. The exporter adds the
+/// variables' headers to the request first; this runs last and replaces them.
+#[derive(Clone)]
+struct HostMetadata(tonic::metadata::MetadataMap);
+
+impl tonic::service::Interceptor for HostMetadata {
+    fn call(
+        &mut self,
+        mut request: tonic::Request<()>,
+    ) -> Result<tonic::Request<()>, tonic::Status> {
+        *request.metadata_mut() = self.0.clone();
+        Ok(request)
+    }
+}
+
+/// A gRPC channel to the settings' endpoint (connected lazily, so a collector that is not up
+/// yet is no error; each call given up after `timeout`), and the interceptor that sends only
+/// the settings' headers. Must be called inside the tokio runtime, which drives the channel.
+fn grpc(
+    settings: &OtlpSettings,
+    timeout: Duration,
+) -> Result<(tonic::transport::Channel, HostMetadata), OTelSdkError> {
+    let mut metadata = tonic::metadata::MetadataMap::new();
+    for (name, value) in &settings.headers {
+        // Checked as HTTP headers at start; gRPC metadata keys are the same, lower-cased.
+        if let (Ok(key), Ok(value)) = (
+            tonic::metadata::AsciiMetadataKey::from_bytes(name.to_ascii_lowercase().as_bytes()),
+            value.parse(),
+        ) {
+            metadata.insert(key, value);
+        }
+    }
+    let channel = tonic::transport::Channel::from_shared(settings.endpoint.clone())
+        .map_err(unbuilt)?
+        .timeout(timeout)
+        .connect_timeout(timeout)
+        .connect_lazy();
+    Ok((channel, HostMetadata(metadata)))
+}
+
+/// The OTLP/HTTP client: sends every export to the settings' endpoint with the settings'
+/// headers, on the host's runtime (the SDK's batch processors export from threads of their
+/// own, where reqwest's connections could not be driven).
+#[derive(Debug)]
+struct ToEndpoint {
+    client: reqwest::Client,
+    endpoint: http::Uri,
+    /// The settings' headers, sent in place of any the exporter added.
+    headers: http::HeaderMap,
+    runtime: tokio::runtime::Handle,
+}
+
+impl ToEndpoint {
+    /// A client for `settings`, each export given up after `timeout`. Not reqwest's default
+    /// client: that one follows redirects (resending the headers, API keys included, wherever a
+    /// collector points) and honours `HTTP_PROXY`. Must be called inside the tokio runtime.
+    fn new(settings: &OtlpSettings, timeout: Duration) -> Result<ToEndpoint, OTelSdkError> {
+        let client = reqwest::Client::builder()
+            .redirect(reqwest::redirect::Policy::none())
+            .no_proxy()
+            .timeout(timeout)
+            .connect_timeout(timeout)
+            .build()
+            .map_err(unbuilt)?;
+        let endpoint = settings.endpoint.parse().map_err(unbuilt)?;
+        let mut headers = http::HeaderMap::new();
+        for (name, value) in &settings.headers {
+            // Checked as HTTP headers at start.
+            let name: http::HeaderName = name.parse().map_err(unbuilt)?;
+            headers.insert(name, value.parse().map_err(unbuilt)?);
+        }
+        Ok(ToEndpoint {
+            client,
+            endpoint,
+            headers,
+            runtime: tokio::runtime::Handle::try_current().map_err(unbuilt)?,
+        })
+    }
+
+    /// Sends `request` as the settings say and reads the answer, at most `MAX_ANSWER_BYTES` of it.
+    async fn send(
+        &self,
+        mut request: http::Request<Bytes>,
+    ) -> Result<http::Response<Bytes>, opentelemetry_http::HttpError> {
+        *request.uri_mut() = self.endpoint.clone();
+        let content = [http::header::CONTENT_TYPE, http::header::CONTENT_ENCODING].map(|name| {
+            request
+                .headers()
+                .get(&name)
+                .cloned()
+                .map(|value| (name, value))
+        });
+        let headers = request.headers_mut();
+        headers.clone_from(&self.headers);
+        headers.extend(content.into_iter().flatten());
+        let request = reqwest::Request::try_from(request)?;
+        let client = self.client.clone();
+        let exchange = async move {
+            let mut response = client.execute(request).await?;
+            let status = response.status();
+            let mut body = Vec::new();
+            while let Some(chunk) = response.chunk().await? {
+                let room = MAX_ANSWER_BYTES - body.len();
+                body.extend_from_slice(&chunk[..chunk.len().min(room)]);
+                if body.len() == MAX_ANSWER_BYTES {
+                    break;
+                }
+            }
+            Ok::<_, reqwest::Error>((status, body))
+        };
+        let (status, body) = self.runtime.spawn(exchange).await??;
+        let mut response = http::Response::new(Bytes::from(body));
+        *response.status_mut() = status;
+        Ok(response)
+    }
+}
+
+impl opentelemetry_http::HttpClient for ToEndpoint {
+    fn send_bytes<'client, 'call>(
+        &'client self,
+        request: http::Request<Bytes>,
+    ) -> Pin<
+        Box<
+            dyn Future<Output = Result<http::Response<Bytes>, opentelemetry_http::HttpError>>
+                + Send
+                + 'call,
+        >,
+    >
+    where
+        'client: 'call,
+        Self: 'call,
+    {
+        Box::pin(self.send(request))
+    }
+}
