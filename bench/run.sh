@@ -90,8 +90,9 @@ for _ in $(seq 1 100); do [ -s "$RESULTS/agent-port" ] && break; sleep 0.05; don
 AGENT_PORT=$(cat "$RESULTS/agent-port")
 
 # Local OTLP/HTTP receivers for the OTLP rows, each on a free port it reports on its first
-# line: one reads each export and answers 200 with an empty ExportTraceServiceResponse (an empty
-# protobuf message is zero bytes); the silent one reads each export and never answers.
+# line: one reads each export of any signal (/v1/traces, /v1/metrics, /v1/logs) and answers 200
+# with an empty Export*ServiceResponse (an empty protobuf message is zero bytes); the silent one
+# reads each export and never answers.
 otlp_receiver() { # silent? -> port file
   python3 -u -c '
 import http.server, sys, time
@@ -138,11 +139,20 @@ measure() {
     host-real)
       start_host 18083 "$WASM/guest.wasm"; load "$1" http://127.0.0.1:18083/api/health ;;
     host-real-otlp)
-      OTEL_TRACES_EXPORTER=otlp OTEL_EXPORTER_OTLP_ENDPOINT="http://127.0.0.1:$OTLP_PORT" \
+      # The endpoint alone: spans, metrics (pushed every second here) and log records.
+      OTEL_EXPORTER_OTLP_ENDPOINT="http://127.0.0.1:$OTLP_PORT" OTEL_METRIC_EXPORT_INTERVAL=1000 \
         start_host 18089 "$WASM/guest.wasm"
       load "$1" http://127.0.0.1:18089/api/health ;;
+    host-real-otlp-traces|host-real-otlp-metrics|host-real-otlp-logs)
+      # One signal over OTLP, the other two not exported at all.
+      local signal=${1#host-real-otlp-} traces=none metrics=none logs=none
+      declare "$signal=otlp"
+      OTEL_TRACES_EXPORTER=$traces OTEL_METRICS_EXPORTER=$metrics OTEL_LOGS_EXPORTER=$logs \
+        OTEL_EXPORTER_OTLP_ENDPOINT="http://127.0.0.1:$OTLP_PORT" OTEL_METRIC_EXPORT_INTERVAL=1000 \
+        start_host 18096 "$WASM/guest.wasm"
+      load "$1" http://127.0.0.1:18096/api/health ;;
     host-real-otlp-silent)
-      OTEL_TRACES_EXPORTER=otlp OTEL_EXPORTER_OTLP_ENDPOINT="http://127.0.0.1:$SILENT_OTLP_PORT" \
+      OTEL_EXPORTER_OTLP_ENDPOINT="http://127.0.0.1:$SILENT_OTLP_PORT" OTEL_METRIC_EXPORT_INTERVAL=1000 \
         start_host 18091 "$WASM/guest.wasm"
       load "$1" http://127.0.0.1:18091/api/health ;;
     host-real-no-export)
@@ -165,8 +175,9 @@ measure() {
 
 # Two rounds in opposite orders; the report keeps each contender's better round, since a
 # neighbour on a shared machine can only slow a run down.
-CONTENDERS=(native-hyper host-minimal host-nostd host-real host-real-otlp host-real-otlp-silent
-  host-real-no-export wasmtime-serve-minimal wasmtime-serve-nostd)
+CONTENDERS=(native-hyper host-minimal host-nostd host-real host-real-otlp host-real-otlp-traces
+  host-real-otlp-metrics host-real-otlp-logs host-real-otlp-silent host-real-no-export
+  wasmtime-serve-minimal wasmtime-serve-nostd)
 echo "== throughput (wrk -t2 -c$CONNECTIONS, ${SECONDS_PER_RUN}s each, GET /api/health, two rounds)"
 command -v wasmtime >/dev/null ||
   echo "  wasmtime serve: skipped, no wasmtime CLI (cargo install wasmtime-cli --version 48.0.8 --locked)"

@@ -537,6 +537,12 @@ async fn metric_points_match_what_the_page_says(protocol: Protocol) {
         point.metric == "http_requests_total"
             && point.attributes.get("route").map(String::as_str) == Some("/api/health")
     };
+    let users_stored = |points: &[ReceivedPoint]| {
+        points
+            .iter()
+            .find(|point| point.metric == "users_stored")
+            .map(|point| point.value)
+    };
     let points = collector.wait_for_points(|points| {
         points
             .iter()
@@ -545,7 +551,10 @@ async fn metric_points_match_what_the_page_says(protocol: Protocol) {
                 point.metric == "http_requests_total"
                     && point.attributes.get("route").map(String::as_str) == Some("/api/users")
             })
+            && users_stored(points) == Some(1.0)
     });
+    // Read from the store before each push, with no scrape to do it.
+    assert_eq!(users_stored(&points), Some(1.0), "{protocol:?}");
     assert!(
         points
             .iter()
@@ -562,8 +571,8 @@ async fn metric_points_match_what_the_page_says(protocol: Protocol) {
             "histogram" => (format!("{}_count", point.metric), point.count as f64),
             _ => (point.metric.clone(), point.value),
         };
-        if point.metric == "users_stored" {
-            continue; // Read from the store at scrape time.
+        if point.metric == "users_stored" || point.metric.starts_with("process_") {
+            continue; // Read afresh at each collection: checked apart.
         }
         let on_page = page_value(&page, &name, &labels);
         assert_eq!(
@@ -588,12 +597,22 @@ async fn metric_points_match_what_the_page_says(protocol: Protocol) {
         }
         compared += 1;
     }
+    let resident = points
+        .iter()
+        .find(|point| point.metric == "process_resident_memory_bytes");
+    assert!(
+        resident.is_some_and(|point| point.kind == "gauge" && point.value > 1e6),
+        "{protocol:?}: {resident:?}"
+    );
+    assert!(page_value(&page, "process_resident_memory_bytes", "").is_some());
     for name in [
         "http_requests_total",
         "http_request_duration_seconds",
         "user_lookups_total",
         "user_store_operation_seconds",
         "guest_instantiation_seconds",
+        "process_cpu_seconds_total",
+        "process_open_fds",
     ] {
         assert!(
             points.iter().any(|point| point.metric == name),

@@ -7,8 +7,7 @@ use std::time::Instant;
 use anyhow::Context;
 use host::config::Config;
 use host::edge::server::{self, App};
-use host::observability::metrics::Metrics;
-use host::observability::pipeline;
+use host::observability::pipeline::{self, Telemetry};
 use host::runtime::cache::ComponentCache;
 use host::runtime::reload::Reloader;
 use host::runtime::{Runtime, Serving, ServingGuest};
@@ -55,7 +54,7 @@ fn main() -> ExitCode {
         .expect("starting the tokio runtime");
     // The OTLP exporters' connections live in the runtime, so telemetry starts inside it.
     let telemetry = runtime.block_on(async { pipeline::init(&telemetry_settings) });
-    let outcome = runtime.block_on(run(config, telemetry.metrics()));
+    let outcome = runtime.block_on(run(config, &telemetry));
     // Flush spans, metrics and logs from this (blocking) thread while the runtime still runs
     // the exporters' connections; then let the runtime go.
     drop(telemetry);
@@ -71,7 +70,7 @@ fn main() -> ExitCode {
     }
 }
 
-async fn run(config: Config, metrics: Arc<Metrics>) -> anyhow::Result<()> {
+async fn run(config: Config, telemetry: &Telemetry) -> anyhow::Result<()> {
     let cache = ComponentCache::new(&config.runtime.cache_dir);
     let runtime = Arc::new(Runtime::new(cache, config.runtime.limits())?);
     let loading = Instant::now();
@@ -101,12 +100,16 @@ async fn run(config: Config, metrics: Arc<Metrics>) -> anyhow::Result<()> {
         "user store ready"
     );
     let serving = Arc::new(Serving::new(ServingGuest { guest, version }));
+    let metrics = telemetry.metrics();
     let app = Arc::new(App::new(
         Arc::clone(&serving),
         users,
         Arc::clone(&metrics),
         config.edge.client_limits(),
     ));
+    if let Some(every) = telemetry.metric_push_interval() {
+        tokio::spawn(Arc::clone(&app).refresh_users_stored(every));
+    }
 
     let reloader = Arc::new(Reloader::new(
         runtime,

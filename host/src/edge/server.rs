@@ -257,14 +257,27 @@ impl App {
         if method != Method::GET && method != Method::HEAD {
             return responses::method_not_allowed(&[Method::GET, Method::HEAD]);
         }
-        // A store that cannot answer in time leaves `users_stored` at its last value: the page
-        // itself is always served.
-        let count = tokio::time::timeout(USERS_STORED_WAIT, self.users.count())
+        let page = self.metrics.render(self.users_stored().await);
+        responses::full(StatusCode::OK, metrics::CONTENT_TYPE, page)
+    }
+
+    /// The store's user count; `None` when it cannot answer in time (`users_stored` then keeps
+    /// its last value, and the page is served all the same).
+    async fn users_stored(&self) -> Option<u64> {
+        tokio::time::timeout(USERS_STORED_WAIT, self.users.count())
             .await
             .ok()
-            .flatten();
-        let page = self.metrics.render(count);
-        responses::full(StatusCode::OK, metrics::CONTENT_TYPE, page)
+            .flatten()
+    }
+
+    /// Sets `users_stored` from the store every `every`, for a push that no scrape precedes.
+    pub async fn refresh_users_stored(self: Arc<App>, every: Duration) {
+        let mut ticks = tokio::time::interval(every);
+        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            ticks.tick().await;
+            self.metrics.observe_users_stored(self.users_stored().await);
+        }
     }
 }
 

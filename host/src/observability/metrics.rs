@@ -1,7 +1,7 @@
 //! The one module that owns every metric name: each instrument is defined once, with the
 //! OpenTelemetry metrics API, and read by two readers of the same SDK: `/metrics` (Prometheus
-//! text format, through opentelemetry-prometheus into the prometheus crate's registry, beside
-//! its process metrics) and, when the settings say so, the periodic OTLP push. The two show the
+//! text format, through opentelemetry-prometheus into the prometheus crate's registry and
+//! encoder) and, when the settings say so, the periodic OTLP push. The two show the
 //! same instruments with the same names, units and attributes, so they cannot disagree.
 //!
 //! Labels carry route templates (`/api/users/{id}`) or `unmatched`, never raw paths, so the
@@ -108,11 +108,7 @@ impl Metrics {
         let provider = provider.build();
         let meter = provider.meter("host");
         #[cfg(target_os = "linux")]
-        registry
-            .register(Box::new(
-                prometheus::process_collector::ProcessCollector::for_self(),
-            ))
-            .expect("names are unique");
+        observe_process(&meter);
         (
             Metrics::define(provider.clone(), registry, &meter),
             provider,
@@ -296,6 +292,56 @@ impl Metrics {
 impl Default for Metrics {
     fn default() -> Metrics {
         Metrics::new()
+    }
+}
+
+/// The prometheus crate's process metrics (`process_cpu_seconds_total`, `process_open_fds`,
+/// `process_max_fds`, `process_virtual_memory_bytes`, `process_resident_memory_bytes`,
+/// `process_start_time_seconds`, `process_threads`), read from `/proc` at each collection, as
+/// observable instruments of the same names and descriptions: on the page and in the push.
+#[cfg(target_os = "linux")]
+fn observe_process(meter: &Meter) {
+    use prometheus::core::Collector as _;
+    use prometheus::proto::MetricType;
+    let process = std::sync::Arc::new(prometheus::process_collector::ProcessCollector::for_self());
+    for family in process.collect() {
+        let name = family.name().to_string();
+        let is_counter = family.get_field_type() == MetricType::COUNTER;
+        let reader = std::sync::Arc::clone(&process);
+        let wanted = name.clone();
+        let read = move || {
+            let families = reader.collect();
+            let family = families.iter().find(|family| family.name() == wanted)?;
+            let metric = family.get_metric().first()?;
+            Some(if is_counter {
+                metric.get_counter().value()
+            } else {
+                metric.get_gauge().value()
+            })
+        };
+        let help = family.help().to_string();
+        // The callbacks stay registered with the meter; the handles need not be kept.
+        if is_counter {
+            meter
+                .f64_observable_counter(name)
+                .with_description(help)
+                .with_callback(move |observer| {
+                    if let Some(value) = read() {
+                        observer.observe(value, &[]);
+                    }
+                })
+                .build();
+        } else {
+            meter
+                .f64_observable_gauge(name)
+                .with_description(help)
+                .with_callback(move |observer| {
+                    if let Some(value) = read() {
+                        observer.observe(value, &[]);
+                    }
+                })
+                .build();
+        }
     }
 }
 

@@ -60,6 +60,8 @@ const EXPORTER_TARGETS: [&str; 6] = ["opentelemetry", "hyper", "h2", "tonic", "t
 #[must_use = "dropping the telemetry stops logging and exporting"]
 pub struct Telemetry {
     metrics: Arc<Metrics>,
+    /// Time between two pushes of the metrics, when they are pushed.
+    metric_push_interval: Option<Duration>,
     tracer: Option<SdkTracerProvider>,
     meter: SdkMeterProvider,
     logger: Option<SdkLoggerProvider>,
@@ -70,6 +72,11 @@ impl Telemetry {
     /// The host's metrics, served at `/metrics` and pushed where the settings say.
     pub fn metrics(&self) -> Arc<Metrics> {
         Arc::clone(&self.metrics)
+    }
+
+    /// Time between two pushes of the metrics, when they are pushed.
+    pub fn metric_push_interval(&self) -> Option<Duration> {
+        self.metric_push_interval
     }
 }
 
@@ -170,6 +177,7 @@ pub fn init(settings: &TelemetrySettings) -> Telemetry {
         .map_err(|error| problems.push(("metrics", error)))
         .ok()
         .flatten();
+    let metric_push_interval = metric_reader.as_ref().map(|_| settings.metric_interval);
     let (metrics, meter) = Metrics::exported(resource, metric_reader);
     tracing_subscriber::registry()
         .with(logs)
@@ -204,6 +212,7 @@ pub fn init(settings: &TelemetrySettings) -> Telemetry {
     }
     Telemetry {
         metrics: Arc::new(metrics),
+        metric_push_interval,
         tracer,
         meter,
         logger,
