@@ -853,3 +853,44 @@ async fn with_only_the_endpoint_set_metrics_and_logs_flow_there_too() {
     let logs = collector.wait_for_logs(|logs| !logs.is_empty());
     assert!(!logs.is_empty(), "no log records sent");
 }
+
+#[tokio::test]
+async fn a_span_collector_that_never_answers_costs_the_last_metrics_and_logs_nothing_at_exit() {
+    let silent = Collector::http(Behaviour::NeverAnswers);
+    let answering = Collector::http(Behaviour::Answers);
+    let endpoint = answering.base_url();
+    let traces = format!("{}/v1/traces", silent.base_url());
+    // Nothing leaves before the exit; there, the span flush waits on a receiver that never
+    // answers, with the longest timeout allowed.
+    let mut host = Host::builder()
+        .env(&[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint.as_str()),
+            ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", traces.as_str()),
+            ("OTEL_EXPORTER_OTLP_TIMEOUT", "60000"),
+            ("OTEL_BSP_SCHEDULE_DELAY", "600000"),
+            ("OTEL_METRIC_EXPORT_INTERVAL", "600000"),
+            ("OTEL_BLRP_SCHEDULE_DELAY", "600000"),
+        ])
+        .start();
+    create_user_with_id(&host, "silent-spans", None).await;
+    let stopping = Instant::now();
+    assert!(host.terminate().success());
+    let took = stopping.elapsed();
+    assert!(took < Duration::from_secs(8), "exit took {took:?}");
+    assert!(
+        silent.exports() >= 1,
+        "the span flush never reached its receiver"
+    );
+    let created = answering.points().into_iter().find(|point| {
+        point.metric == "http_requests_total"
+            && point.attributes.get("route").map(String::as_str) == Some("/api/users")
+    });
+    assert_eq!(created.map(|point| point.value), Some(1.0));
+    assert!(
+        answering.logs().iter().any(|log| log
+            .body
+            .as_str()
+            .is_some_and(|body| body.starts_with("listening on"))),
+        "the log records were not flushed"
+    );
+}

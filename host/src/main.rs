@@ -20,6 +20,9 @@ use tokio::net::TcpListener;
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
+/// How long the exit waits for the runtime's last tasks after the telemetry's flush.
+const RUNTIME_SHUTDOWN: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// Scheduler ticks between two polls of the network by a busy worker.
 const EVENT_INTERVAL: u32 = 4;
 
@@ -58,7 +61,8 @@ fn main() -> ExitCode {
     // Flush spans, metrics and logs from this (blocking) thread while the runtime still runs
     // the exporters' connections; then let the runtime go.
     drop(telemetry);
-    drop(runtime);
+    // A task stuck in the blocking pool (a name lookup on a dead resolver) must not hold the exit.
+    runtime.shutdown_timeout(RUNTIME_SHUTDOWN);
     match outcome {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {

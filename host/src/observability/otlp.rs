@@ -1,8 +1,10 @@
 //! The OTLP exporters of all three signals, built from the host's settings alone, and the one
 //! way a failing export is said.
 //!
-//! opentelemetry-otlp reads the `OTEL_EXPORTER_OTLP_*` variables again itself and adds their
-//! headers after the ones it is given; the host reads each variable once (flags win), so its
+//! An export is tried once and given up at its timeout: opentelemetry-otlp's default retries
+//! would send up to four times to a collector that fails fast, and let one export outlive its
+//! timeout. opentelemetry-otlp reads the `OTEL_EXPORTER_OTLP_*` variables again itself and adds
+//! their headers after the ones it is given; the host reads each variable once (flags win), so its
 //! exporters get a gRPC channel and interceptor, and an HTTP client, that send to the host's
 //! endpoint with only the host's headers.
 
@@ -12,7 +14,8 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use opentelemetry_otlp::{WithExportConfig, WithHttpConfig, WithTonicConfig};
+use opentelemetry::context::{Context, FutureExt as _};
+use opentelemetry_otlp::{RetryPolicy, WithExportConfig, WithHttpConfig, WithTonicConfig};
 use opentelemetry_sdk::Resource;
 use opentelemetry_sdk::error::{OTelSdkError, OTelSdkResult};
 use opentelemetry_sdk::logs::{LogBatch, LogExporter};
@@ -143,6 +146,7 @@ pub fn span_exporter(
             .with_endpoint(&settings.endpoint)
             .with_protocol(opentelemetry_otlp::Protocol::HttpBinary)
             .with_timeout(timeout)
+            .with_retry_policy(RetryPolicy::disabled())
             .build(),
         OtlpProtocol::Grpc => {
             let (channel, interceptor) = grpc(settings, timeout)?;
@@ -151,6 +155,7 @@ pub fn span_exporter(
                 .with_channel(channel)
                 .with_interceptor(interceptor)
                 .with_timeout(timeout)
+                .with_retry_policy(RetryPolicy::disabled())
                 .build()
         }
     }
@@ -172,6 +177,7 @@ pub fn metric_exporter(
             .with_endpoint(&settings.endpoint)
             .with_protocol(opentelemetry_otlp::Protocol::HttpBinary)
             .with_timeout(timeout)
+            .with_retry_policy(RetryPolicy::disabled())
             .build(),
         OtlpProtocol::Grpc => {
             let (channel, interceptor) = grpc(settings, timeout)?;
@@ -180,6 +186,7 @@ pub fn metric_exporter(
                 .with_channel(channel)
                 .with_interceptor(interceptor)
                 .with_timeout(timeout)
+                .with_retry_policy(RetryPolicy::disabled())
                 .build()
         }
     }
@@ -200,6 +207,7 @@ pub fn log_exporter(
             .with_endpoint(&settings.endpoint)
             .with_protocol(opentelemetry_otlp::Protocol::HttpBinary)
             .with_timeout(timeout)
+            .with_retry_policy(RetryPolicy::disabled())
             .build(),
         OtlpProtocol::Grpc => {
             let (channel, interceptor) = grpc(settings, timeout)?;
@@ -208,6 +216,7 @@ pub fn log_exporter(
                 .with_channel(channel)
                 .with_interceptor(interceptor)
                 .with_timeout(timeout)
+                .with_retry_policy(RetryPolicy::disabled())
                 .build()
         }
     }
@@ -324,7 +333,12 @@ impl ToEndpoint {
             }
             Ok::<_, reqwest::Error>((status, body))
         };
-        let (status, body) = self.runtime.spawn(exchange).await??;
+        // In the caller's context: the SDK's export threads mark it suppressed, so nothing the
+        // HTTP stack logs while sending becomes a log record (which would be sent in turn).
+        let (status, body) = self
+            .runtime
+            .spawn(exchange.with_context(Context::current()))
+            .await??;
         let mut response = http::Response::new(Bytes::from(body));
         *response.status_mut() = status;
         Ok(response)

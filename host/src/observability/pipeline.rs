@@ -12,7 +12,7 @@
 use std::io::{BufWriter, Write};
 use std::path::Path;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use opentelemetry::KeyValue;
 use opentelemetry::trace::TracerProvider as _;
@@ -82,23 +82,35 @@ impl Telemetry {
 
 impl Drop for Telemetry {
     fn drop(&mut self) {
-        // The last exports wait on collectors: on a thread of their own, so that collectors that
-        // never answer delay the exit by at most `FLUSH_DEADLINE`, all three signals together.
-        let tracer = self.tracer.take();
+        // The last exports wait on collectors: each signal on a thread of its own, all three
+        // at once, so that a collector that never answers delays the exit by at most
+        // `FLUSH_DEADLINE` and costs the other signals nothing.
+        let deadline = Instant::now() + FLUSH_DEADLINE;
+        let (done, flushed) = std::sync::mpsc::channel::<()>();
+        let flush = |shutdown: Box<dyn FnOnce(Duration) + Send>| {
+            let done = done.clone();
+            std::thread::spawn(move || {
+                shutdown(FLUSH_DEADLINE);
+                drop(done);
+            });
+        };
+        if let Some(tracer) = self.tracer.take() {
+            flush(Box::new(move |limit| {
+                drop(tracer.shutdown_with_timeout(limit))
+            }));
+        }
         let meter = self.meter.clone();
-        let logger = self.logger.take();
-        let (done, flushed) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            if let Some(tracer) = tracer {
-                let _ = tracer.shutdown_with_timeout(FLUSH_DEADLINE);
-            }
-            let _ = meter.shutdown_with_timeout(FLUSH_DEADLINE);
-            if let Some(logger) = logger {
-                let _ = logger.shutdown_with_timeout(FLUSH_DEADLINE);
-            }
-            let _ = done.send(());
-        });
-        let _ = flushed.recv_timeout(FLUSH_DEADLINE);
+        flush(Box::new(move |limit| {
+            drop(meter.shutdown_with_timeout(limit))
+        }));
+        if let Some(logger) = self.logger.take() {
+            flush(Box::new(move |limit| {
+                drop(logger.shutdown_with_timeout(limit))
+            }));
+        }
+        drop(done);
+        // Every sender dropped: all three finished, or the deadline passed.
+        let _ = flushed.recv_timeout(deadline.saturating_duration_since(Instant::now()));
     }
 }
 
@@ -154,12 +166,10 @@ pub fn init(settings: &TelemetrySettings) -> Telemetry {
         .ok()
         .flatten();
     let log_records = logger.as_ref().map(|provider| {
-        let not_an_exporter = filter_fn(|metadata| {
-            let target = metadata.target();
-            !EXPORTER_TARGETS
-                .iter()
-                .any(|exporter| target.starts_with(exporter))
-        });
+        // With a hint that passes the log filter's on: without one, the subscriber's maximum
+        // level (and the `log` crate's, cranelift's) would become TRACE.
+        let not_an_exporter = filter_fn(|metadata| !is_exporter(metadata.target()))
+            .with_max_level_hint(tracing::level_filters::LevelFilter::TRACE);
         OpenTelemetryTracingBridge::new(provider).with_filter(log_level().and(not_an_exporter))
     });
     let metric_reader = settings
@@ -218,6 +228,16 @@ pub fn init(settings: &TelemetrySettings) -> Telemetry {
         logger,
         _log_writers: vec![stdout_guard, file_guard],
     }
+}
+
+/// Whether events of `target` come from the exporters' own HTTP and gRPC stacks (`hyper`,
+/// `hyper_util::client`, `opentelemetry_sdk`, ...).
+fn is_exporter(target: &str) -> bool {
+    EXPORTER_TARGETS.iter().any(|exporter| {
+        target
+            .strip_prefix(exporter)
+            .is_some_and(|rest| rest.is_empty() || rest.starts_with("::") || rest.starts_with('_'))
+    })
 }
 
 fn open_append(path: &Path) -> std::io::Result<std::fs::File> {

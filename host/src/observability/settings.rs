@@ -602,25 +602,34 @@ pub fn otlp_export(
     };
     let disabled = sdk_disabled(&read)?;
     let otlp = otlp_settings(&read, signal)?;
-    let export = match exporter_named(&read, signal, "none").as_str() {
-        "otlp" => Some(otlp),
-        // Prometheus is what `/metrics` serves, always.
-        "none" => None,
-        "prometheus" if signal.exporter == METRICS_EXPORTER => None,
-        other if other.contains(',') => {
-            return Err(bad(
-                signal.exporter,
-                "expected one exporter (`otlp` or `none`), not a list",
-            ));
-        }
-        _ if signal.exporter == METRICS_EXPORTER => {
-            return Err(bad(
-                signal.exporter,
-                "expected `otlp`, `prometheus` or `none`",
-            ));
-        }
-        _ => return Err(bad(signal.exporter, "expected `otlp` or `none`")),
+    let named = exporter_named(&read, signal, "none");
+    let mut export = None;
+    // Metrics may name two, as `otlp,prometheus`: `/metrics` serves Prometheus always.
+    let names: Vec<&str> = if signal.exporter == METRICS_EXPORTER {
+        named.split(',').map(str::trim).collect()
+    } else {
+        vec![named.as_str()]
     };
+    for name in names {
+        match name {
+            "otlp" => export = Some(otlp.clone()),
+            "none" => {}
+            "prometheus" if signal.exporter == METRICS_EXPORTER => {}
+            _ if signal.exporter == METRICS_EXPORTER => {
+                return Err(bad(
+                    signal.exporter,
+                    "expected `otlp`, `prometheus`, `none`, or a list of them",
+                ));
+            }
+            other if other.contains(',') => {
+                return Err(bad(
+                    signal.exporter,
+                    "expected one exporter (`otlp` or `none`), not a list",
+                ));
+            }
+            _ => return Err(bad(signal.exporter, "expected `otlp` or `none`")),
+        }
+    }
     Ok(export.filter(|_| !disabled))
 }
 
@@ -691,8 +700,8 @@ fn otlp_settings(
             _ => return Err(bad(variable, "expected `http/protobuf` or `grpc`")),
         },
     };
-    for variable in [signal.compression, OTLP_COMPRESSION] {
-        if read(variable).is_some_and(|value| !value.eq_ignore_ascii_case("none")) {
+    if let Some((variable, value)) = either(signal.compression, OTLP_COMPRESSION) {
+        if !value.eq_ignore_ascii_case("none") {
             return Err(bad(
                 variable,
                 "only `none` is supported (no gzip in this build)",
@@ -1099,6 +1108,81 @@ mod tests {
             vec![("a".to_string(), "traces".to_string())]
         );
         assert_eq!(settings.timeout, Duration::from_millis(2000));
+    }
+
+    #[test]
+    fn an_otlp_endpoint_alone_turns_every_signals_export_on_and_an_exporter_variable_wins() {
+        let base = [(OTLP_ENDPOINT, "http://collector:4318")];
+        assert!(matches!(
+            span_export(&vars(&base), agent()).unwrap(),
+            SpanExport::Otlp(_)
+        ));
+        let metrics = otlp_export(&vars(&base), &METRICS).unwrap().unwrap();
+        assert_eq!(metrics.endpoint, "http://collector:4318/v1/metrics");
+        let logs = otlp_export(&vars(&base), &LOGS).unwrap().unwrap();
+        assert_eq!(logs.endpoint, "http://collector:4318/v1/logs");
+        // A signal's own endpoint turns on that signal only.
+        let own = [(OTLP_LOGS_ENDPOINT, "http://logs:4318/custom")];
+        assert_eq!(otlp_export(&vars(&own), &METRICS).unwrap(), None);
+        let logs = otlp_export(&vars(&own), &LOGS).unwrap().unwrap();
+        assert_eq!(logs.endpoint, "http://logs:4318/custom");
+        assert!(matches!(
+            span_export(&vars(&own), agent()).unwrap(),
+            SpanExport::JaegerAgent { .. }
+        ));
+        // Nothing set: nothing pushed, spans to the agent.
+        assert_eq!(otlp_export(&vars(&[]), &METRICS).unwrap(), None);
+        assert_eq!(otlp_export(&vars(&[]), &LOGS).unwrap(), None);
+        // The exporter variable wins over the endpoint's rule, and the SDK switch over both.
+        let off = [
+            base[0],
+            (METRICS_EXPORTER, "none"),
+            (TRACES_EXPORTER, "jaeger"),
+        ];
+        assert_eq!(otlp_export(&vars(&off), &METRICS).unwrap(), None);
+        assert!(matches!(
+            span_export(&vars(&off), agent()).unwrap(),
+            SpanExport::JaegerAgent { .. }
+        ));
+        let disabled = [base[0], (SDK_DISABLED, "true")];
+        assert_eq!(otlp_export(&vars(&disabled), &LOGS).unwrap(), None);
+    }
+
+    #[test]
+    fn metrics_may_name_a_list_with_prometheus_and_other_signals_may_not() {
+        for (value, pushed) in [
+            ("otlp,prometheus", true),
+            ("prometheus", false),
+            ("none", false),
+        ] {
+            let pairs = [(METRICS_EXPORTER, value)];
+            assert_eq!(
+                otlp_export(&vars(&pairs), &METRICS).unwrap().is_some(),
+                pushed,
+                "{value}"
+            );
+        }
+        for (exporter, value, signal) in [
+            (METRICS_EXPORTER, "otlp,console", &METRICS),
+            (LOGS_EXPORTER, "otlp,none", &LOGS),
+            (LOGS_EXPORTER, "prometheus", &LOGS),
+        ] {
+            let error = otlp_export(&vars(&[(exporter, value)]), signal)
+                .unwrap_err()
+                .to_string();
+            assert!(error.contains(exporter), "{error}");
+        }
+    }
+
+    #[test]
+    fn a_signals_own_compression_wins_over_the_general_one() {
+        let pairs = [
+            (OTLP_COMPRESSION, "gzip"),
+            (OTLP_METRICS_COMPRESSION, "none"),
+        ];
+        assert!(otlp_settings(&vars(&pairs), &METRICS).is_ok());
+        let error = otlp_settings(&vars(&pairs), &LOGS).unwrap_err().to_string();
+        assert!(error.contains(OTLP_COMPRESSION), "{error}");
     }
 
     #[test]
