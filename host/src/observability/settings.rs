@@ -700,13 +700,13 @@ fn otlp_settings(
             _ => return Err(bad(variable, "expected `http/protobuf` or `grpc`")),
         },
     };
-    if let Some((variable, value)) = either(signal.compression, OTLP_COMPRESSION) {
-        if !value.eq_ignore_ascii_case("none") {
-            return Err(bad(
-                variable,
-                "only `none` is supported (no gzip in this build)",
-            ));
-        }
+    if let Some((variable, value)) = either(signal.compression, OTLP_COMPRESSION)
+        && !value.eq_ignore_ascii_case("none")
+    {
+        return Err(bad(
+            variable,
+            "only `none` is supported (no gzip in this build)",
+        ));
     }
     let endpoint = match (read(signal.endpoint), read(OTLP_ENDPOINT)) {
         (Some(own), _) => checked_url(signal.endpoint, own)?,
