@@ -7,6 +7,7 @@
 //! Labels carry route templates (`/api/users/{id}`) or `unmatched`, never raw paths, so the
 //! number of series stays bounded whatever clients send.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use opentelemetry::KeyValue;
@@ -193,16 +194,17 @@ impl Metrics {
         metrics
     }
 
-    /// Counts one answered request and its latency. `route` is a template or [`UNMATCHED`].
+    /// Counts one answered request and its latency. `route` is a template or [`UNMATCHED`],
+    /// shared (the label is a reference to it, not a copy).
     pub fn observe_request(
         &self,
         method: &http::Method,
-        route: &str,
+        route: &Arc<str>,
         status: u16,
         elapsed: Duration,
     ) {
         let method = KeyValue::new("method", method_label(method));
-        let route = KeyValue::new("route", route.to_string());
+        let route = KeyValue::new("route", Arc::clone(route));
         self.request_duration
             .record(elapsed.as_secs_f64(), &[method.clone(), route.clone()]);
         self.requests.add(
@@ -303,11 +305,11 @@ impl Default for Metrics {
 fn observe_process(meter: &Meter) {
     use prometheus::core::Collector as _;
     use prometheus::proto::MetricType;
-    let process = std::sync::Arc::new(prometheus::process_collector::ProcessCollector::for_self());
+    let process = Arc::new(prometheus::process_collector::ProcessCollector::for_self());
     for family in process.collect() {
         let name = family.name().to_string();
         let is_counter = family.get_field_type() == MetricType::COUNTER;
-        let reader = std::sync::Arc::clone(&process);
+        let reader = Arc::clone(&process);
         let wanted = name.clone();
         let read = move || {
             let families = reader.collect();
@@ -364,13 +366,13 @@ mod tests {
         let metrics = Metrics::new();
         metrics.observe_request(
             &http::Method::GET,
-            "/api/health",
+            &Arc::from("/api/health"),
             200,
             Duration::from_millis(1),
         );
         metrics.observe_request(
             &http::Method::GET,
-            "/api/health",
+            &Arc::from("/api/health"),
             200,
             Duration::from_millis(1),
         );
@@ -388,7 +390,7 @@ mod tests {
     fn unusual_methods_share_one_label() {
         let metrics = Metrics::new();
         let custom = http::Method::from_bytes(b"BREW").unwrap();
-        metrics.observe_request(&custom, UNMATCHED, 404, Duration::ZERO);
+        metrics.observe_request(&custom, &Arc::from(UNMATCHED), 404, Duration::ZERO);
         assert!(
             metrics.render(Some(0)).contains(
                 r#"http_requests_total{method="_OTHER",route="unmatched",status="404"} 1"#
