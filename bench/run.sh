@@ -58,7 +58,7 @@ require_free() {
     echo "port $1 is in use: stop what listens there and run again" >&2; exit 1
   fi
 }
-for port in 18081 18082 18083 18084 18085 18086 18087 18088 18089 18091 18092 18093 18094 18095 $PG_PORT; do require_free "$port"; done
+for port in 18081 18082 18083 18084 18085 18086 18087 18088 18089 18091 18092 18093 18094 18095 18096 $PG_PORT; do require_free "$port"; done
 
 # Waits until $1 answers /api/health.
 wait_ready() {
