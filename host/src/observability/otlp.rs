@@ -133,33 +133,47 @@ fn unbuilt(error: impl std::fmt::Display) -> OTelSdkError {
     OTelSdkError::InternalFailure(format!("cannot build the OTLP exporter: {error}"))
 }
 
+/// `builder` (a span, metric or log exporter's) finished for `settings`' transport: over HTTP
+/// with the host's client, over gRPC with the host's channel and interceptor; each export tried
+/// once and given up after `timeout`. A macro: the three builders share their methods through
+/// traits, but each transport's builder is a type of its own per signal.
+macro_rules! built_for {
+    ($builder:expr, $settings:expr, $timeout:expr) => {{
+        let (settings, timeout): (&OtlpSettings, Duration) = ($settings, $timeout);
+        match settings.protocol {
+            OtlpProtocol::HttpProtobuf => $builder
+                .with_http()
+                .with_http_client(ToEndpoint::new(settings, timeout)?)
+                .with_endpoint(&settings.endpoint)
+                .with_protocol(opentelemetry_otlp::Protocol::HttpBinary)
+                .with_timeout(timeout)
+                .with_retry_policy(RetryPolicy::disabled())
+                .build(),
+            OtlpProtocol::Grpc => {
+                let (channel, interceptor) = grpc(settings, timeout)?;
+                $builder
+                    .with_tonic()
+                    .with_channel(channel)
+                    .with_interceptor(interceptor)
+                    .with_timeout(timeout)
+                    .with_retry_policy(RetryPolicy::disabled())
+                    .build()
+            }
+        }
+        .map_err(unbuilt)
+    }};
+}
+
 /// The span exporter to `settings`' collector, each export given up after `timeout`.
 pub fn span_exporter(
     settings: &OtlpSettings,
     timeout: Duration,
 ) -> Result<opentelemetry_otlp::SpanExporter, OTelSdkError> {
-    let builder = opentelemetry_otlp::SpanExporter::builder();
-    match settings.protocol {
-        OtlpProtocol::HttpProtobuf => builder
-            .with_http()
-            .with_http_client(ToEndpoint::new(settings, timeout)?)
-            .with_endpoint(&settings.endpoint)
-            .with_protocol(opentelemetry_otlp::Protocol::HttpBinary)
-            .with_timeout(timeout)
-            .with_retry_policy(RetryPolicy::disabled())
-            .build(),
-        OtlpProtocol::Grpc => {
-            let (channel, interceptor) = grpc(settings, timeout)?;
-            builder
-                .with_tonic()
-                .with_channel(channel)
-                .with_interceptor(interceptor)
-                .with_timeout(timeout)
-                .with_retry_policy(RetryPolicy::disabled())
-                .build()
-        }
-    }
-    .map_err(unbuilt)
+    built_for!(
+        opentelemetry_otlp::SpanExporter::builder(),
+        settings,
+        timeout
+    )
 }
 
 /// The metric exporter to `settings`' collector: cumulative sums and histograms, as `/metrics`
@@ -167,30 +181,9 @@ pub fn span_exporter(
 pub fn metric_exporter(
     settings: &OtlpSettings,
 ) -> Result<opentelemetry_otlp::MetricExporter, OTelSdkError> {
-    let timeout = settings.timeout;
     let builder =
         opentelemetry_otlp::MetricExporter::builder().with_temporality(Temporality::Cumulative);
-    match settings.protocol {
-        OtlpProtocol::HttpProtobuf => builder
-            .with_http()
-            .with_http_client(ToEndpoint::new(settings, timeout)?)
-            .with_endpoint(&settings.endpoint)
-            .with_protocol(opentelemetry_otlp::Protocol::HttpBinary)
-            .with_timeout(timeout)
-            .with_retry_policy(RetryPolicy::disabled())
-            .build(),
-        OtlpProtocol::Grpc => {
-            let (channel, interceptor) = grpc(settings, timeout)?;
-            builder
-                .with_tonic()
-                .with_channel(channel)
-                .with_interceptor(interceptor)
-                .with_timeout(timeout)
-                .with_retry_policy(RetryPolicy::disabled())
-                .build()
-        }
-    }
-    .map_err(unbuilt)
+    built_for!(builder, settings, settings.timeout)
 }
 
 /// The log record exporter to `settings`' collector, each export given up after the settings'
@@ -198,29 +191,11 @@ pub fn metric_exporter(
 pub fn log_exporter(
     settings: &OtlpSettings,
 ) -> Result<opentelemetry_otlp::LogExporter, OTelSdkError> {
-    let timeout = settings.timeout;
-    let builder = opentelemetry_otlp::LogExporter::builder();
-    match settings.protocol {
-        OtlpProtocol::HttpProtobuf => builder
-            .with_http()
-            .with_http_client(ToEndpoint::new(settings, timeout)?)
-            .with_endpoint(&settings.endpoint)
-            .with_protocol(opentelemetry_otlp::Protocol::HttpBinary)
-            .with_timeout(timeout)
-            .with_retry_policy(RetryPolicy::disabled())
-            .build(),
-        OtlpProtocol::Grpc => {
-            let (channel, interceptor) = grpc(settings, timeout)?;
-            builder
-                .with_tonic()
-                .with_channel(channel)
-                .with_interceptor(interceptor)
-                .with_timeout(timeout)
-                .with_retry_policy(RetryPolicy::disabled())
-                .build()
-        }
-    }
-    .map_err(unbuilt)
+    built_for!(
+        opentelemetry_otlp::LogExporter::builder(),
+        settings,
+        settings.timeout
+    )
 }
 
 /// Gives every gRPC call exactly the settings' headers as its metadata. The exporter adds the
