@@ -414,6 +414,27 @@ async fn a_collector_that_never_answers_does_not_slow_requests() {
     }
 }
 
+/// Starts the host with `variable=value` and expects it refused before serving: the one line
+/// it wrote on stderr.
+fn refused_at_start(variable: &str, value: &str) -> String {
+    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_host"));
+    command
+        .args(["--bind", "127.0.0.1", "--port", "0", "--guest"])
+        .arg(guest_path("guest"))
+        .env(variable, value);
+    let output = support::run_to_exit(command, Duration::from_secs(20));
+    assert!(!output.status.success(), "{variable}={value} was accepted");
+    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+    let lines: Vec<&str> = stderr.lines().filter(|line| !line.is_empty()).collect();
+    assert_eq!(lines.len(), 1, "{variable}={value}: {stderr}");
+    assert!(
+        output.stdout.is_empty(),
+        "{variable}: the host started before refusing: {}",
+        String::from_utf8_lossy(&output.stdout)
+    );
+    lines[0].to_string()
+}
+
 #[test]
 fn a_bad_otel_variable_is_a_one_line_error_at_start_naming_it() {
     let cases = [
@@ -426,22 +447,8 @@ fn a_bad_otel_variable_is_a_one_line_error_at_start_naming_it() {
         ("OTEL_SDK_DISABLED", "maybe"),
     ];
     for (variable, value) in cases {
-        let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_host"));
-        command
-            .args(["--bind", "127.0.0.1", "--port", "0", "--guest"])
-            .arg(guest_path("guest"))
-            .env(variable, value);
-        let output = support::run_to_exit(command, Duration::from_secs(20));
-        assert!(!output.status.success(), "{variable}={value} was accepted");
-        let stderr = String::from_utf8_lossy(&output.stderr);
-        let lines: Vec<&str> = stderr.lines().filter(|line| !line.is_empty()).collect();
-        assert_eq!(lines.len(), 1, "{variable}={value}: {stderr}");
-        assert!(lines[0].contains(variable), "{variable}={value}: {stderr}");
-        assert!(
-            output.stdout.is_empty(),
-            "{variable}: the host started before refusing: {}",
-            String::from_utf8_lossy(&output.stdout)
-        );
+        let line = refused_at_start(variable, value);
+        assert!(line.contains(variable), "{variable}={value}: {line}");
     }
 }
 
@@ -804,7 +811,7 @@ async fn a_silent_collector_of_metrics_or_logs_costs_requests_nothing_and_holds_
 }
 
 #[test]
-fn the_endpoint_alone_sends_metrics_and_logs_and_a_bad_signal_variable_is_refused() {
+fn a_bad_metrics_or_logs_variable_is_a_one_line_error_at_start_naming_it() {
     for (variable, value) in [
         ("OTEL_METRICS_EXPORTER", "zipkin"),
         ("OTEL_LOGS_EXPORTER", "jaeger"),
@@ -816,20 +823,8 @@ fn the_endpoint_alone_sends_metrics_and_logs_and_a_bad_signal_variable_is_refuse
         ("OTEL_EXPORTER_OTLP_METRICS_TIMEOUT", "forever"),
         ("OTEL_BLRP_MAX_QUEUE_SIZE", "0"),
     ] {
-        let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_host"));
-        command
-            .args(["--bind", "127.0.0.1", "--port", "0", "--guest"])
-            .arg(guest_path("guest"))
-            .env(variable, value);
-        let output = support::run_to_exit(command, Duration::from_secs(20));
-        assert!(!output.status.success(), "{variable}={value} was accepted");
-        let stderr = String::from_utf8_lossy(&output.stderr);
-        assert_eq!(
-            stderr.trim().lines().count(),
-            1,
-            "{variable}={value}: {stderr}"
-        );
-        assert!(stderr.contains(variable), "{variable}={value}: {stderr}");
+        let line = refused_at_start(variable, value);
+        assert!(line.contains(variable), "{variable}={value}: {line}");
     }
 }
 
