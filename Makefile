@@ -2,7 +2,7 @@
 CARGO ?= cargo
 GUEST_TARGET := wasm32-wasip2
 # Guests the integration tests run: the real one and the fixtures under tests/fixtures.
-GUEST_PACKAGES := -p guest -p panicking-guest -p minimal-guest -p command-component -p hostile-guest -p orders-guest
+GUEST_PACKAGES := -p guest -p panicking-guest -p minimal-guest -p command-component -p hostile-guest -p orders-guest -p otel-guest
 
 .PHONY: build guests target run test fmt lint bench clean deploy-check conformance load live-checks
 

@@ -15,7 +15,9 @@ pub struct Sample {
     pub value: f64,
 }
 
-/// Every counter, gauge and untyped sample of a scrape; panics if the text does not parse.
+/// Every counter, gauge and untyped sample of a scrape, and each histogram's `_count`, `_sum`
+/// and `_bucket` (by `le`) series as samples of those names; panics if the text does not
+/// parse.
 pub fn parse(text: &str) -> Vec<Sample> {
     let exposition =
         openmetrics_parser::prometheus::parse_prometheus(text).unwrap_or_else(|error| {
@@ -29,7 +31,17 @@ pub fn parse(text: &str) -> Vec<Sample> {
                 PrometheusValue::Gauge(number) | PrometheusValue::Unknown(number) => {
                     number.as_f64()
                 }
-                PrometheusValue::Histogram(_) | PrometheusValue::Summary(_) => continue,
+                PrometheusValue::Histogram(histogram) => {
+                    let labels: HashMap<String, String> = sample
+                        .get_labelset()
+                        .expect("labels parse")
+                        .iter()
+                        .map(|(name, value)| (name.clone(), value.clone()))
+                        .collect();
+                    samples.extend(histogram_samples(name, &labels, histogram));
+                    continue;
+                }
+                PrometheusValue::Summary(_) => continue,
             };
             let labels = sample
                 .get_labelset()
@@ -43,6 +55,42 @@ pub fn parse(text: &str) -> Vec<Sample> {
                 value,
             });
         }
+    }
+    samples
+}
+
+/// A histogram's series as samples: `<name>_count`, `<name>_sum`, `<name>_bucket{le=...}`.
+fn histogram_samples(
+    name: &str,
+    labels: &HashMap<String, String>,
+    histogram: &openmetrics_parser::HistogramValue,
+) -> Vec<Sample> {
+    let sample = |suffix: &str, labels: HashMap<String, String>, value: f64| Sample {
+        name: format!("{name}{suffix}"),
+        labels,
+        value,
+    };
+    let mut samples = vec![
+        sample(
+            "_count",
+            labels.clone(),
+            histogram.count.unwrap_or(0) as f64,
+        ),
+        sample(
+            "_sum",
+            labels.clone(),
+            histogram.sum.as_ref().map_or(0.0, |sum| sum.as_f64()),
+        ),
+    ];
+    for bucket in &histogram.buckets {
+        let mut labels = labels.clone();
+        let le = if bucket.upper_bound.is_infinite() {
+            "+Inf".to_string()
+        } else {
+            bucket.upper_bound.to_string()
+        };
+        labels.insert("le".to_string(), le);
+        samples.push(sample("_bucket", labels, bucket.count.as_f64()));
     }
     samples
 }

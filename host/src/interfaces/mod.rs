@@ -4,7 +4,9 @@
 //! - [`bindings`]: the one `bindgen!` of the service's world, for its types and its export;
 //! - [`lift`]: reading what a guest passes, bounded before anything is copied;
 //! - [`users`]: the `users` interface, on [`users::UserCalls`];
-//! - [`telemetry`]: the `telemetry` interface, on [`telemetry::GuestTelemetry`].
+//! - [`telemetry`]: the `telemetry` interface, on [`telemetry::GuestTelemetry`];
+//! - [`otel`]: the standard `wasi:otel` interfaces, on [`otel::GuestOtel`] (sharing the
+//!   `telemetry` interface's quotas).
 //!
 //! Each interface is linked by hand, each function written once on its own state; the store's
 //! data reaches that state through a view trait ([`users::UsersView`],
@@ -12,5 +14,6 @@
 
 pub mod bindings;
 pub mod lift;
+pub mod otel;
 pub mod telemetry;
 pub mod users;

@@ -8,6 +8,7 @@
 
 use std::sync::Arc;
 
+use opentelemetry::trace::{SpanContext, TraceContextExt};
 use opentelemetry::{KeyValue, Value as OtelValue};
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 use wasmtime::StoreContextMut;
@@ -19,6 +20,7 @@ use crate::interfaces::lift::{self, Allowance, InGuest, Lifted, WireAttribute};
 use crate::observability::logs;
 use crate::observability::metrics::{DroppedGuestTelemetry, Metrics};
 use crate::observability::routes::{self, Label, MatchedRoute, RouteTemplates};
+use crate::runtime::cost::{HostCalls, HostInterface};
 
 /// The `target` of every log event and span the guest reports.
 pub const GUEST_TARGET: &str = "guest";
@@ -53,7 +55,7 @@ pub const RESERVED_LOG_KEYS: &[&str] = &[
 ];
 
 /// The store data of a request whose guest may use the `telemetry` interface.
-pub trait TelemetryView: Send + 'static {
+pub trait TelemetryView: HostCalls + Send + 'static {
     /// The request's guest telemetry, and the table its span handles live in.
     fn telemetry(&mut self) -> (&mut GuestTelemetry, &mut ResourceTable);
 }
@@ -84,7 +86,7 @@ pub struct GuestTelemetry {
 
 /// What a call would report, admitted or not before anything it passes is read.
 #[derive(Debug, Clone, Copy)]
-enum Report {
+pub(crate) enum Report {
     Span,
     LogEvent,
     /// An attribute on the open span with this handle.
@@ -168,7 +170,7 @@ impl GuestTelemetry {
     /// The allowance a call may lift within, if telemetry is on and the quotas hold one more
     /// `report`; otherwise the report and the `attributes` it passes are counted as dropped
     /// (when on), and `None`.
-    fn admit(&mut self, report: Report, attributes: usize) -> Option<Allowance> {
+    pub(crate) fn admit(&mut self, report: Report, attributes: usize) -> Option<Allowance> {
         if !self.enabled {
             return None;
         }
@@ -190,6 +192,42 @@ impl GuestTelemetry {
         }
         self.dropped.attributes += attributes as u64;
         None
+    }
+
+    /// Settles a span or log event admitted by [`GuestTelemetry::admit`] and reported elsewhere
+    /// (through `wasi:otel`): `left` is what its lifting left of the allowance, `kept` whether
+    /// it was recorded, `dropped_attributes` how many of its attributes were not.
+    pub(crate) fn settle(
+        &mut self,
+        report: Report,
+        left: Allowance,
+        kept: bool,
+        dropped_attributes: u64,
+    ) {
+        self.allowance = left;
+        self.dropped.attributes += dropped_attributes;
+        match (report, kept) {
+            (Report::Span, true) => self.spans += 1,
+            (Report::Span, false) => self.dropped.spans += 1,
+            (Report::LogEvent, true) => self.log_events += 1,
+            (Report::LogEvent, false) => self.dropped.log_events += 1,
+            (Report::Attribute { .. }, _) => {}
+        }
+    }
+
+    /// Counts metric data points the guest handed over that were not recorded.
+    pub(crate) fn drop_metric_points(&mut self, points: u64) {
+        self.dropped.metric_points += points;
+    }
+
+    /// The request's server span (a disabled span for the host's own probes).
+    pub fn request_span(&self) -> &tracing::Span {
+        &self.request_span
+    }
+
+    /// The host's metrics, unless telemetry is off.
+    pub fn metrics(&self) -> Option<&Arc<Metrics>> {
+        self.metrics.as_ref().filter(|_| self.enabled)
     }
 
     /// `span.constructor`: opens the span `rep` inside the innermost open one, unless its
@@ -256,30 +294,55 @@ impl GuestTelemetry {
             return;
         };
         self.log_events += 1;
-        let fields = logs::guest_fields(lifted.attributes.into_iter().map(|attribute| {
-            let key = if RESERVED_LOG_KEYS.contains(&attribute.key.as_str()) {
-                format!("guest.{}", attribute.key)
+        let fields = lifted
+            .attributes
+            .into_iter()
+            .map(|attribute| (attribute.key, json_value(attribute.value)));
+        self.write_log(level, &message, fields, None);
+    }
+
+    /// Writes one guest log line at `level` inside the innermost open span, with the guest's
+    /// `fields` (a reserved key becomes `guest.<key>`). `in_guest_span` is the guest's own span
+    /// it was written in, when the guest keeps its spans itself (`wasi:otel`): its id replaces
+    /// the line's `span_id`, and the OpenTelemetry log record carries it.
+    pub(crate) fn write_log(
+        &self,
+        level: Level,
+        message: &str,
+        fields: impl Iterator<Item = (String, serde_json::Value)>,
+        in_guest_span: Option<&SpanContext>,
+    ) {
+        let fields = logs::guest_fields(fields.map(|(key, value)| {
+            let key = if RESERVED_LOG_KEYS.contains(&key.as_str()) {
+                format!("guest.{key}")
             } else {
-                attribute.key
+                key
             };
-            (key, json_value(attribute.value))
+            (key, value)
         }));
         let _inside = self.innermost_span().enter();
+        let _in_guest_span = in_guest_span.map(|context| {
+            opentelemetry::Context::current()
+                .with_remote_span_context(context.clone())
+                .attach()
+        });
+        let span_id = in_guest_span.map(|context| context.span_id().to_string());
+        let span_id = span_id.as_deref();
         match level {
             Level::Trace => {
-                tracing::trace!(target: GUEST_TARGET, guest_fields = %fields, "{message}")
+                tracing::trace!(target: GUEST_TARGET, span_id, guest_fields = %fields, "{message}")
             }
             Level::Debug => {
-                tracing::debug!(target: GUEST_TARGET, guest_fields = %fields, "{message}")
+                tracing::debug!(target: GUEST_TARGET, span_id, guest_fields = %fields, "{message}")
             }
             Level::Info => {
-                tracing::info!(target: GUEST_TARGET, guest_fields = %fields, "{message}")
+                tracing::info!(target: GUEST_TARGET, span_id, guest_fields = %fields, "{message}")
             }
             Level::Warn => {
-                tracing::warn!(target: GUEST_TARGET, guest_fields = %fields, "{message}")
+                tracing::warn!(target: GUEST_TARGET, span_id, guest_fields = %fields, "{message}")
             }
             Level::Error => {
-                tracing::error!(target: GUEST_TARGET, guest_fields = %fields, "{message}")
+                tracing::error!(target: GUEST_TARGET, span_id, guest_fields = %fields, "{message}")
             }
         }
     }
@@ -348,6 +411,7 @@ impl Drop for GuestTelemetry {
                 dropped_spans = dropped.spans,
                 dropped_attributes = dropped.attributes,
                 dropped_log_events = dropped.log_events,
+                dropped_metric_points = dropped.metric_points,
                 "the guest went over its telemetry quota; the rest was dropped"
             );
         });
@@ -362,6 +426,7 @@ pub fn add_to_linker<T: TelemetryView>(linker: &mut Linker<T>) -> wasmtime::Resu
         "span",
         ResourceType::host::<GuestSpan>(),
         |mut store, rep| {
+            store.data_mut().count_call(HostInterface::Telemetry);
             let (telemetry, table) = store.data_mut().telemetry();
             telemetry.end_span(rep);
             table.delete(Resource::<GuestSpan>::new_own(rep))?;
@@ -372,6 +437,7 @@ pub fn add_to_linker<T: TelemetryView>(linker: &mut Linker<T>) -> wasmtime::Resu
         "[constructor]span",
         |mut store: StoreContextMut<'_, T>,
          (name, attributes): (WasmStr, WasmList<WireAttribute>)| {
+            store.data_mut().count_call(HostInterface::Telemetry);
             let (telemetry, table) = store.data_mut().telemetry();
             let handle = table.push(GuestSpan)?;
             let Some(mut left) = telemetry.admit(Report::Span, attributes.len()) else {
@@ -388,6 +454,7 @@ pub fn add_to_linker<T: TelemetryView>(linker: &mut Linker<T>) -> wasmtime::Resu
         "[method]span.set-attribute",
         |mut store: StoreContextMut<'_, T>,
          (span, attribute): (Resource<GuestSpan>, WireAttribute)| {
+            store.data_mut().count_call(HostInterface::Telemetry);
             let (telemetry, _) = store.data_mut().telemetry();
             let report = Report::Attribute { span: span.rep() };
             let Some(mut left) = telemetry.admit(report, 1) else {
@@ -403,6 +470,7 @@ pub fn add_to_linker<T: TelemetryView>(linker: &mut Linker<T>) -> wasmtime::Resu
         "log",
         |mut store: StoreContextMut<'_, T>,
          (level, message, attributes): (Level, WasmStr, WasmList<WireAttribute>)| {
+            store.data_mut().count_call(HostInterface::Telemetry);
             let (telemetry, _) = store.data_mut().telemetry();
             let Some(mut left) = telemetry.admit(Report::LogEvent, attributes.len()) else {
                 return Ok(());
@@ -417,6 +485,7 @@ pub fn add_to_linker<T: TelemetryView>(linker: &mut Linker<T>) -> wasmtime::Resu
     instance.func_wrap(
         "set-route",
         |mut store: StoreContextMut<'_, T>, (template,): (WasmStr,)| {
+            store.data_mut().count_call(HostInterface::Telemetry);
             let (telemetry, _) = store.data_mut().telemetry();
             let Some(templates) = telemetry.admit_route() else {
                 return Ok(());

@@ -19,6 +19,7 @@ use crate::error::HostFault;
 use crate::interfaces::bindings::users::{CreateError, StoreError, User};
 use crate::interfaces::lift::{self, InGuest};
 use crate::observability::metrics::{LookupResult, Metrics};
+use crate::runtime::cost::{HostCalls, HostInterface};
 use crate::user_store::{self, Unavailable, UserStore};
 
 /// The longest `name` and `email` the host stores, in bytes: the guest's own limits (200 and 254
@@ -34,7 +35,7 @@ const MAX_ID_BYTES: usize = 64;
 pub const MAX_STORE_SPANS_PER_REQUEST: u32 = 64;
 
 /// The store data of a request whose guest may use the `users` interface.
-pub trait UsersView: Send + 'static {
+pub trait UsersView: HostCalls + Send + 'static {
     /// The request's user calls, and the span they nest under (the guest's innermost open one).
     fn users(&mut self) -> (&mut UserCalls, &tracing::Span);
 }
@@ -210,6 +211,7 @@ pub fn add_to_linker<T: UsersView>(linker: &mut Linker<T>) -> wasmtime::Result<(
         "list",
         |mut store: StoreContextMut<'_, T>, (after, limit): (Option<WasmStr>, u32)| {
             Box::new(async move {
+                store.data_mut().count_call(HostInterface::Users);
                 // A cursor too long to be an id is no stored user's: it finds an empty page.
                 let after = match after {
                     Some(after) => Some(id(&store, &after)?),
@@ -224,6 +226,7 @@ pub fn add_to_linker<T: UsersView>(linker: &mut Linker<T>) -> wasmtime::Result<(
         "get",
         |mut store: StoreContextMut<'_, T>, (raw,): (WasmStr,)| {
             Box::new(async move {
+                store.data_mut().count_call(HostInterface::Users);
                 let id = id(&store, &raw)?;
                 let (calls, parent) = store.data_mut().users();
                 Ok((calls.get(&id, parent).await,))
@@ -234,6 +237,7 @@ pub fn add_to_linker<T: UsersView>(linker: &mut Linker<T>) -> wasmtime::Result<(
         "create",
         |mut store: StoreContextMut<'_, T>, (name, email): (WasmStr, WasmStr)| {
             Box::new(async move {
+                store.data_mut().count_call(HostInterface::Users);
                 let name = lift::bounded_text(&InGuest::new(&name, &store), MAX_NAME_BYTES)?;
                 let email = lift::bounded_text(&InGuest::new(&email, &store), MAX_EMAIL_BYTES)?;
                 let (Some(name), Some(email)) = (name, email) else {

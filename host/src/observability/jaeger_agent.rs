@@ -154,6 +154,10 @@ impl SpanExporter for AgentExporter {
 const CALL_FRAMING_BYTES: usize = 64;
 
 /// The size, at most, of an `emitBatch` call whose spans take `span_bytes`.
+/// The name of the host's own tracer (observability/pipeline.rs), whose spans carry no scope
+/// tags: every span of the host would otherwise repeat it.
+pub const HOST_TRACER: &str = "host";
+
 fn call_bytes(process: &[u8], span_bytes: usize) -> usize {
     CALL_FRAMING_BYTES + process.len() + span_bytes
 }
@@ -322,7 +326,9 @@ fn write_span(protocol: &mut impl TOutputProtocol, span: &SpanData) -> thrift::R
 }
 
 /// The span's attributes, then what Jaeger shows of its kind and status (`span.kind`, `error`,
-/// `otel.status_code`, `otel.status_description`), unless an attribute already says so.
+/// `otel.status_code`, `otel.status_description`) and, for a span not of the host's own tracer
+/// (a guest's, through `wasi:otel`), of its scope (`otel.scope.name`, `otel.scope.version`),
+/// unless an attribute already says so.
 fn span_tags(span: &SpanData) -> Vec<(&str, Value)> {
     let mut tags: Vec<(&str, Value)> = span
         .attributes
@@ -330,6 +336,13 @@ fn span_tags(span: &SpanData) -> Vec<(&str, Value)> {
         .map(|attribute| (attribute.key.as_str(), attribute.value.clone()))
         .collect();
     let has = |tags: &[(&str, Value)], name: &str| tags.iter().any(|(key, _)| *key == name);
+    let scope = &span.instrumentation_scope;
+    if !scope.name().is_empty() && scope.name() != HOST_TRACER && !has(&tags, "otel.scope.name") {
+        tags.push(("otel.scope.name", Value::from(scope.name().to_string())));
+        if let Some(version) = scope.version() {
+            tags.push(("otel.scope.version", Value::from(version.to_string())));
+        }
+    }
     let kind = match span.span_kind {
         SpanKind::Client => Some("client"),
         SpanKind::Server => Some("server"),

@@ -7,11 +7,12 @@
 //! Labels carry route templates (`/api/users/{id}`) or `unmatched`, never raw paths, so the
 //! number of series stays bounded whatever clients send.
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use opentelemetry::KeyValue;
-use opentelemetry::metrics::{Counter, Gauge, Histogram, Meter, MeterProvider as _};
+use opentelemetry::metrics::{Counter, Gauge, Histogram, Meter, MeterProvider as _, UpDownCounter};
 use opentelemetry_sdk::Resource;
 use opentelemetry_sdk::metrics::{PeriodicReader, SdkMeterProvider};
 use prometheus::{Encoder, Registry, TextEncoder};
@@ -20,6 +21,7 @@ use crate::observability::otlp::Reported;
 use crate::observability::request_span::{OTHER_METHOD, standard_method};
 #[cfg(doc)]
 use crate::observability::routes::UNMATCHED;
+use crate::runtime::cost::{CostReading, HostInterface};
 
 /// The OTLP push of the metrics, when there is one.
 pub type PushReader = PeriodicReader<Reported<opentelemetry_otlp::MetricExporter>>;
@@ -32,6 +34,18 @@ const DURATION_BUCKETS: &[f64] = &[
 /// Guest instantiation buckets, in seconds: 10 µs to 100 ms.
 const INSTANTIATION_BUCKETS: &[f64] = &[
     0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.1,
+];
+
+/// Linear-memory high-water buckets, in bytes: 64 KiB (one page) to 1 GiB, by fours.
+const MEMORY_BUCKETS: &[f64] = &[
+    65_536.0,
+    262_144.0,
+    1_048_576.0,
+    4_194_304.0,
+    16_777_216.0,
+    67_108_864.0,
+    268_435_456.0,
+    1_073_741_824.0,
 ];
 
 /// User store call buckets, in seconds: 50 µs to 5 s.
@@ -62,6 +76,60 @@ pub struct DroppedGuestTelemetry {
     pub attributes: u64,
     /// Log events not written.
     pub log_events: u64,
+    /// `wasi:otel` metric data points not recorded.
+    pub metric_points: u64,
+}
+
+/// The prefix of every instrument a guest's `wasi:otel` metrics are recorded in: a guest
+/// cannot name, or disturb, one of the host's. `/metrics` shows `guest.orders.placed` as
+/// `guest_orders_placed`.
+pub const GUEST_METRIC_PREFIX: &str = "guest.";
+/// The longest metric name a guest may use (OpenTelemetry's 255, less the prefix).
+pub const MAX_GUEST_METRIC_NAME: usize = 255 - GUEST_METRIC_PREFIX.len();
+/// Distinct metric names the guests of one host may use, over its lifetime; a point of any
+/// other is dropped. Each name's series are bounded by the SDK's cardinality limit (2,000).
+pub const MAX_GUEST_METRICS: usize = 64;
+
+/// One data point a guest exported, checked: recorded in the host's instrument of its name.
+pub struct GuestMeasurement<'a> {
+    /// The guest's name for the metric (prefixed with [`GUEST_METRIC_PREFIX`] here).
+    pub name: &'a str,
+    /// Its description, used when its instrument is made.
+    pub description: &'a str,
+    /// Its unit, used when its instrument is made.
+    pub unit: &'a str,
+    /// What to record.
+    pub value: GuestValue,
+}
+
+/// What a guest's data point adds to its instrument.
+#[derive(Debug, Clone, PartialEq)]
+pub enum GuestValue {
+    /// An increment of a sum.
+    Sum {
+        /// A counter when true, an up-down counter otherwise.
+        monotonic: bool,
+        /// What the data point adds.
+        added: f64,
+    },
+    /// A gauge's value.
+    Gauge(f64),
+    /// Measurements (value, how many times) of a histogram whose buckets are `bounds`.
+    Histogram {
+        /// The buckets' upper bounds, for a new instrument.
+        bounds: Vec<f64>,
+        /// Each value, and how many times it is recorded.
+        values: Vec<(f64, u64)>,
+    },
+}
+
+/// A guest metric's instrument: the first point of a name decides its kind (and a histogram's
+/// buckets).
+enum GuestInstrument {
+    Counter(Counter<f64>),
+    UpDownCounter(UpDownCounter<f64>),
+    Gauge(Gauge<f64>),
+    Histogram(Histogram<f64>),
 }
 
 /// The host's instruments, and the registry `/metrics` is rendered from.
@@ -69,6 +137,10 @@ pub struct Metrics {
     /// Kept for as long as the instruments: dropping the last copy shuts the readers down.
     _provider: SdkMeterProvider,
     registry: Registry,
+    /// Where the guests' instruments are made.
+    meter: Meter,
+    /// The guests' instruments, by the guests' names.
+    guest_instruments: Mutex<HashMap<String, GuestInstrument>>,
     requests: Counter<u64>,
     request_duration: Histogram<f64>,
     user_lookups: Counter<u64>,
@@ -78,6 +150,10 @@ pub struct Metrics {
     store_operation: Histogram<f64>,
     store_errors: Counter<u64>,
     guest_telemetry_dropped: Counter<u64>,
+    wasm_instantiation: Histogram<f64>,
+    wasm_run: Histogram<f64>,
+    wasm_memory_peak: Histogram<f64>,
+    wasm_host_calls: Counter<u64>,
 }
 
 impl Metrics {
@@ -133,6 +209,8 @@ impl Metrics {
         let metrics = Metrics {
             _provider: provider,
             registry,
+            meter: meter.clone(),
+            guest_instruments: Mutex::default(),
             requests: counter(
                 "http_requests_total",
                 "HTTP requests answered, by method, route and status.",
@@ -167,8 +245,29 @@ impl Metrics {
             ),
             guest_telemetry_dropped: counter(
                 "guest_telemetry_dropped_total",
-                "Guest spans, attributes and log events dropped by the per-request quotas, and \
-                 routes labelled _OTHER past the per-guest cap, by signal.",
+                "Guest spans, attributes, log events and metric data points dropped by the \
+                 per-request quotas, and routes labelled _OTHER past the per-guest cap, by signal.",
+            ),
+            wasm_instantiation: seconds(
+                "wasm_instantiation_seconds",
+                "Time to instantiate the guest for one request, by route.",
+                INSTANTIATION_BUCKETS,
+            ),
+            wasm_run: seconds(
+                "wasm_run_seconds",
+                "Time one request's instance ran (host calls inside included, waits not), by route.",
+                DURATION_BUCKETS,
+            ),
+            wasm_memory_peak: meter
+                .f64_histogram("wasm_memory_peak_bytes")
+                .with_description("Linear memory one request's instance reached, by route.")
+                .with_unit("By")
+                .with_boundaries(MEMORY_BUCKETS.to_vec())
+                .build(),
+            wasm_host_calls: counter(
+                "wasm_host_calls_total",
+                "Calls one request's instance made to the host's interfaces (users, telemetry, \
+                 otel), by route and interface.",
             ),
         };
         // Both results exist from the start, so rates are defined before the first lookup.
@@ -185,7 +284,7 @@ impl Metrics {
                 .store_errors
                 .add(0, &[KeyValue::new("operation", operation)]);
         }
-        for signal in ["span", "attribute", "log"] {
+        for signal in ["span", "attribute", "log", "metric"] {
             metrics
                 .guest_telemetry_dropped
                 .add(0, &[KeyValue::new("signal", signal)]);
@@ -257,11 +356,121 @@ impl Metrics {
             ("span", dropped.spans),
             ("attribute", dropped.attributes),
             ("log", dropped.log_events),
+            ("metric", dropped.metric_points),
         ] {
             if count > 0 {
                 self.guest_telemetry_dropped
                     .add(count, &[KeyValue::new("signal", signal)]);
             }
+        }
+    }
+
+    /// Records what one request's instance cost, under its `route` (a template or
+    /// [`UNMATCHED`]).
+    pub fn observe_instance_cost(&self, route: &Arc<str>, cost: &CostReading) {
+        let route = KeyValue::new("route", Arc::clone(route));
+        let labels = std::slice::from_ref(&route);
+        self.wasm_instantiation
+            .record(cost.instantiation.as_secs_f64(), labels);
+        self.wasm_run.record(cost.running.as_secs_f64(), labels);
+        self.wasm_memory_peak
+            .record(cost.memory_peak as f64, labels);
+        for (interface, calls) in HostInterface::ALL.iter().zip(cost.host_calls) {
+            if calls > 0 {
+                self.wasm_host_calls.add(
+                    u64::from(calls),
+                    &[route.clone(), KeyValue::new("interface", interface.name())],
+                );
+            }
+        }
+    }
+
+    /// Records one guest data point with `attributes` in the instrument of its name, made on
+    /// first use; `false` (not recorded) for a name that is not an instrument name, one past
+    /// [`MAX_GUEST_METRICS`], or one whose instrument is of another kind.
+    pub fn observe_guest(
+        &self,
+        measurement: GuestMeasurement<'_>,
+        attributes: &[KeyValue],
+    ) -> bool {
+        let mut instruments = self
+            .guest_instruments
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if !instruments.contains_key(measurement.name) {
+            if instruments.len() >= MAX_GUEST_METRICS || !is_instrument_name(measurement.name) {
+                return false;
+            }
+            let instrument = self.guest_instrument(&measurement);
+            instruments.insert(measurement.name.to_string(), instrument);
+        }
+        match (&instruments[measurement.name], measurement.value) {
+            (
+                GuestInstrument::Counter(counter),
+                GuestValue::Sum {
+                    monotonic: true,
+                    added,
+                },
+            ) => counter.add(added, attributes),
+            (
+                GuestInstrument::UpDownCounter(counter),
+                GuestValue::Sum {
+                    monotonic: false,
+                    added,
+                },
+            ) => counter.add(added, attributes),
+            (GuestInstrument::Gauge(gauge), GuestValue::Gauge(value)) => {
+                gauge.record(value, attributes)
+            }
+            (GuestInstrument::Histogram(histogram), GuestValue::Histogram { values, .. }) => {
+                for (value, times) in values {
+                    for _ in 0..times {
+                        histogram.record(value, attributes);
+                    }
+                }
+            }
+            _ => return false,
+        }
+        true
+    }
+
+    /// A new instrument for a guest's metric, of the kind its first point is.
+    fn guest_instrument(&self, measurement: &GuestMeasurement<'_>) -> GuestInstrument {
+        let name = format!("{GUEST_METRIC_PREFIX}{}", measurement.name);
+        let description = measurement.description.to_string();
+        let unit = measurement.unit.to_string();
+        match &measurement.value {
+            GuestValue::Sum {
+                monotonic: true, ..
+            } => GuestInstrument::Counter(
+                self.meter
+                    .f64_counter(name)
+                    .with_description(description)
+                    .with_unit(unit)
+                    .build(),
+            ),
+            GuestValue::Sum { .. } => GuestInstrument::UpDownCounter(
+                self.meter
+                    .f64_up_down_counter(name)
+                    .with_description(description)
+                    .with_unit(unit)
+                    .build(),
+            ),
+            GuestValue::Gauge(_) => GuestInstrument::Gauge(
+                self.meter
+                    .f64_gauge(name)
+                    .with_description(description)
+                    .with_unit(unit)
+                    .build(),
+            ),
+            GuestValue::Histogram { bounds, .. } => GuestInstrument::Histogram(
+                self.meter
+                    .f64_histogram(name)
+                    .with_description(description)
+                    .with_unit(unit)
+                    .with_boundaries(bounds.clone())
+                    .build(),
+            ),
         }
     }
 
@@ -289,6 +498,16 @@ impl Metrics {
             .expect("encoding into memory cannot fail");
         String::from_utf8(text).expect("the text format is UTF-8")
     }
+}
+
+/// Whether `name` is an OpenTelemetry instrument name: a letter, then letters, digits, `_`,
+/// `.`, `-` and `/` (its length is checked when it is read).
+fn is_instrument_name(name: &str) -> bool {
+    let mut bytes = name.bytes();
+    bytes
+        .next()
+        .is_some_and(|first| first.is_ascii_alphabetic())
+        && bytes.all(|byte| byte.is_ascii_alphanumeric() || b"_.-/".contains(&byte))
 }
 
 impl Default for Metrics {

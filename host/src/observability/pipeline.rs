@@ -11,20 +11,23 @@
 
 use std::io::{BufWriter, Write};
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
-use opentelemetry::KeyValue;
 use opentelemetry::trace::TracerProvider as _;
+use opentelemetry::{Context, KeyValue};
 use opentelemetry_appender_tracing::layer::OpenTelemetryTracingBridge;
 use opentelemetry_sdk::Resource;
 use opentelemetry_sdk::error::OTelSdkError;
+use opentelemetry_sdk::error::OTelSdkResult;
 use opentelemetry_sdk::logs::SdkLoggerProvider;
 use opentelemetry_sdk::metrics::{PeriodicReader, SdkMeterProvider};
 use opentelemetry_sdk::propagation::TraceContextPropagator;
 use opentelemetry_sdk::runtime::Tokio;
 use opentelemetry_sdk::trace::span_processor_with_async_runtime::BatchSpanProcessor;
-use opentelemetry_sdk::trace::{BatchConfigBuilder, SdkTracerProvider};
+use opentelemetry_sdk::trace::{
+    BatchConfigBuilder, SdkTracerProvider, Span, SpanData, SpanProcessor,
+};
 use tracing_appender::non_blocking::WorkerGuard;
 use tracing_subscriber::Layer;
 use tracing_subscriber::filter::{EnvFilter, FilterExt, filter_fn};
@@ -32,7 +35,7 @@ use tracing_subscriber::fmt::writer::MakeWriterExt;
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 
-use crate::observability::jaeger_agent::AgentExporter;
+use crate::observability::jaeger_agent::{AgentExporter, HOST_TRACER};
 use crate::observability::logs::{JsonFieldSets, JsonLines};
 use crate::observability::metrics::Metrics;
 use crate::observability::otlp::{self, Reported};
@@ -51,6 +54,42 @@ const SPANS_PER_AGENT_BATCH: usize = 128;
 /// Targets whose events never become OTLP log records: the exporters' own HTTP and gRPC stacks,
 /// whose lines about sending a record would each make another record.
 const EXPORTER_TARGETS: [&str; 6] = ["opentelemetry", "hyper", "h2", "tonic", "tower", "reqwest"];
+
+/// The span exporter's processor, which the guests' `wasi:otel` spans are handed to as they
+/// come (already ended, with the guest's own ids): set once, when spans are exported.
+static GUEST_SPANS: OnceLock<Arc<dyn SpanProcessor>> = OnceLock::new();
+
+/// Exports a span a guest ended through `wasi:otel`, beside the host's own, through the same
+/// bounded queue; dropped when no spans are exported.
+pub fn export_guest_span(span: SpanData) {
+    if let Some(processor) = GUEST_SPANS.get() {
+        processor.on_end(span);
+    }
+}
+
+/// A span processor shared by the tracer provider and [`export_guest_span`].
+#[derive(Debug)]
+struct Shared(Arc<dyn SpanProcessor>);
+
+impl SpanProcessor for Shared {
+    fn on_start(&self, span: &mut Span, context: &Context) {
+        self.0.on_start(span, context);
+    }
+
+    fn on_end(&self, span: SpanData) {
+        self.0.on_end(span);
+    }
+
+    fn force_flush(&self) -> OTelSdkResult {
+        self.0.force_flush()
+    }
+
+    fn shutdown_with_timeout(&self, timeout: Duration) -> OTelSdkResult {
+        self.0.shutdown_with_timeout(timeout)
+    }
+
+    // The resource was given to the processor before it was shared.
+}
 
 /// The host's telemetry: its metrics, and the exporters and log writers that dropping this
 /// flushes.
@@ -155,7 +194,7 @@ pub fn init(settings: &TelemetrySettings) -> Telemetry {
         // Without code locations, thread ids and busy/idle timings: tags nobody reads here, and
         // encoding every tag is a visible share of the host's CPU.
         tracing_opentelemetry::layer()
-            .with_tracer(provider.tracer("host"))
+            .with_tracer(provider.tracer(HOST_TRACER))
             .with_location(false)
             .with_threads(false)
             .with_tracked_inactivity(false)
@@ -262,7 +301,7 @@ fn tracer_provider(
         .with_scheduled_delay(limits.schedule_delay)
         .with_max_queue_size(limits.max_queue_size)
         .with_max_concurrent_exports(limits.max_concurrent_exports);
-    let processor = match &settings.export {
+    let mut processor = match &settings.export {
         SpanExport::Off => return Ok(None),
         SpanExport::JaegerAgent { host, port } => {
             let exporter = AgentExporter::new(host, *port, settings.service_name.clone())
@@ -293,9 +332,12 @@ fn tracer_provider(
                 .build()
         }
     };
+    processor.set_resource(resource);
+    let processor: Arc<dyn SpanProcessor> = Arc::new(processor);
+    let _ = GUEST_SPANS.set(Arc::clone(&processor));
     Ok(Some(
         SdkTracerProvider::builder()
-            .with_span_processor(processor)
+            .with_span_processor(Shared(processor))
             .with_resource(resource.clone())
             .build(),
     ))

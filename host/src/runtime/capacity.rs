@@ -13,6 +13,7 @@ use std::time::Duration;
 
 use wasmtime::{ResourceLimiter, StoreLimits, StoreLimitsBuilder};
 
+use crate::runtime::cost::RequestCost;
 use crate::runtime::pool::{BudgetSpent, MemoryBudget, MemoryPool, StackPool};
 use crate::runtime::slots::InstanceSlots;
 
@@ -98,8 +99,8 @@ impl GuestCapacity {
     }
 
     /// The limiter of one instance's store: its own bounds, and the host-wide budget, whose
-    /// refusals it reports in `over_budget`.
-    pub fn limiter(&self, over_budget: Arc<AtomicBool>) -> InstanceLimiter {
+    /// refusals it reports in `over_budget`; the memory it grants is added to `cost`.
+    pub fn limiter(&self, over_budget: Arc<AtomicBool>, cost: Arc<RequestCost>) -> InstanceLimiter {
         InstanceLimiter {
             own: StoreLimitsBuilder::new()
                 .memory_size(self.limits.memory_bytes)
@@ -110,6 +111,7 @@ impl GuestCapacity {
                 .build(),
             budget: Some(Arc::clone(&self.budget)),
             over_budget,
+            cost,
         }
     }
 
@@ -129,6 +131,9 @@ pub struct InstanceLimiter {
     /// Set when the budget, not the instance's own limit, refused memory: the request is then
     /// answered 503 (the host is busy), not 500.
     over_budget: Arc<AtomicBool>,
+    /// Where the memory granted is added up: memories never shrink, so the sum is the
+    /// high-water mark.
+    cost: Arc<RequestCost>,
 }
 
 impl ResourceLimiter for InstanceLimiter {
@@ -148,6 +153,7 @@ impl ResourceLimiter for InstanceLimiter {
             self.over_budget.store(true, Ordering::Release);
             return Ok(false);
         }
+        self.cost.memory_grew(more);
         Ok(true)
     }
 
@@ -233,7 +239,7 @@ mod tests {
         limits.memory_budget_bytes = 2 << 20;
         let capacity = GuestCapacity::new(limits);
         let over_budget = Arc::new(AtomicBool::new(false));
-        let mut limiter = capacity.limiter(Arc::clone(&over_budget));
+        let mut limiter = capacity.limiter(Arc::clone(&over_budget), Arc::default());
         assert!(
             !limiter.memory_growing(0, 2 << 20, None).unwrap(),
             "own limit"

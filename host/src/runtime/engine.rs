@@ -47,6 +47,7 @@ impl Runtime {
             wasmtime_wasi_http::p2::add_only_http_to_linker_async(linker)?;
             crate::interfaces::users::add_to_linker(linker)?;
             crate::interfaces::telemetry::add_to_linker(linker)?;
+            crate::interfaces::otel::add_to_linker(linker)?;
             Ok(())
         };
         link(&mut linker).map_err(Error::Runtime)?;

@@ -15,6 +15,7 @@ use crate::error::{RequestError, one_line};
 use crate::interfaces::bindings::ServicePre;
 use crate::observability::routes::RouteTemplates;
 use crate::runtime::capacity::{GuestCapacity, GuestLimits};
+use crate::runtime::cost::{RequestCost, timed};
 use crate::runtime::guest_body::GuestBody;
 use crate::runtime::pool::BUDGET_SPENT;
 use crate::runtime::store::{RequestContext, RequestState, new_store};
@@ -75,11 +76,15 @@ impl Guest {
         let permit = self.capacity.slots.acquire_running().await?;
         let metrics = context.metrics();
         let over_budget = Arc::new(AtomicBool::new(false));
+        let cost = Arc::new(RequestCost::default());
+        let cost_report = context.cost_report(Arc::clone(&cost));
         let mut store = new_store(
             self.pre.engine(),
             context,
             Arc::clone(&self.route_templates),
-            self.capacity.limiter(Arc::clone(&over_budget)),
+            self.capacity
+                .limiter(Arc::clone(&over_budget), Arc::clone(&cost)),
+            Arc::clone(&cost),
         );
         // Every tick the guest yields its thread; past the deadline it traps.
         let deadline = Instant::now() + self.limits.request_timeout;
@@ -110,21 +115,24 @@ impl Guest {
             async move {
                 // Locals drop in reverse order: the store (its memory regions and stack back in
                 // their pools) before the permit, so a request that gets the permit always finds
-                // what it needs in the pools.
+                // what it needs in the pools; the cost is reported last, whatever ended the task.
+                let _cost_report = cost_report;
                 let _permit = instance_permit;
                 let mut store = store;
                 let exchange = async {
                     let started = Instant::now();
                     let service = pre.instantiate_async(&mut store).await?;
+                    let took = started.elapsed();
+                    cost.instantiated(took);
                     if let Some(metrics) = metrics {
-                        metrics.observe_instantiation(started.elapsed());
+                        metrics.observe_instantiation(took);
                     }
                     service
                         .wasi_http_incoming_handler()
                         .call_handle(&mut store, request, response_out)
                         .await
                 };
-                tokio::time::timeout(backstop, exchange)
+                tokio::time::timeout(backstop, timed(exchange, &cost))
                     .await
                     .unwrap_or_else(|_| Err(DeadlineExceeded.into()))
             }

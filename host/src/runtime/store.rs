@@ -14,11 +14,13 @@ use wasmtime_wasi_http::p2::bindings::http::types::ErrorCode;
 use wasmtime_wasi_http::{WasiHttpCtx, WasiHttpCtxView, WasiHttpHooks, WasiHttpView};
 
 use crate::error::HostFault;
+use crate::interfaces::otel::{GuestOtel, OtelView};
 use crate::interfaces::telemetry::{GuestTelemetry, TelemetryView};
 use crate::interfaces::users::{UserCalls, UsersView};
 use crate::observability::metrics::Metrics;
 use crate::observability::routes::{MatchedRoute, RouteTemplates};
 use crate::runtime::capacity::InstanceLimiter;
+use crate::runtime::cost::{CostReport, HostCalls, HostInterface, RequestCost};
 use crate::user_store::UserStore;
 
 /// Resource handles one request's guest may hold at once (streams, fields, spans...): far more
@@ -75,6 +77,16 @@ impl RequestContext {
         }
     }
 
+    /// Where `cost` is reported when the instance ends, if the request is a client's.
+    pub fn cost_report(&self, cost: Arc<RequestCost>) -> Option<CostReport> {
+        self.reporting.as_ref().map(|reporting| CostReport {
+            span: reporting.request_span.clone(),
+            metrics: Arc::clone(&reporting.metrics),
+            route: Arc::clone(&reporting.matched_route),
+            cost,
+        })
+    }
+
     /// The metrics the request is counted in, if it is a client's.
     pub fn metrics(&self) -> Option<Arc<Metrics>> {
         self.reporting
@@ -92,17 +104,22 @@ pub struct RequestState {
     hooks: DenyOutgoingRequests,
     users: UserCalls,
     telemetry: GuestTelemetry,
+    /// What the guest handed over through `wasi:otel` so far (its spans, its metric series).
+    otel: GuestOtel,
     /// The instance's resource limits and the host-wide memory budget, enforced by wasmtime.
     limits: InstanceLimiter,
+    /// What the instance costs; its host calls are counted here.
+    cost: Arc<RequestCost>,
 }
 
 /// The store of one request described by `context`, for an instance of a guest whose route
-/// labels are `route_templates`, within `limits`.
+/// labels are `route_templates`, within `limits`; its host calls are counted in `cost`.
 pub fn new_store(
     engine: &Engine,
     context: RequestContext,
     route_templates: Arc<RouteTemplates>,
     limits: InstanceLimiter,
+    cost: Arc<RequestCost>,
 ) -> Store<RequestState> {
     let RequestContext { users, reporting } = context;
     let (users, telemetry) = match reporting {
@@ -131,7 +148,9 @@ pub fn new_store(
         hooks: DenyOutgoingRequests,
         users,
         telemetry,
+        otel: GuestOtel::default(),
         limits,
+        cost,
     };
     let mut store = Store::new(engine, state);
     store.limiter(|state| &mut state.limits);
@@ -147,6 +166,18 @@ impl UsersView for RequestState {
 impl TelemetryView for RequestState {
     fn telemetry(&mut self) -> (&mut GuestTelemetry, &mut ResourceTable) {
         (&mut self.telemetry, &mut self.table)
+    }
+}
+
+impl OtelView for RequestState {
+    fn otel(&mut self) -> (&mut GuestOtel, &mut GuestTelemetry) {
+        (&mut self.otel, &mut self.telemetry)
+    }
+}
+
+impl HostCalls for RequestState {
+    fn count_call(&mut self, interface: HostInterface) {
+        self.cost.called(interface);
     }
 }
 
