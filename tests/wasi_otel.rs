@@ -12,7 +12,7 @@ use serde_json::Value;
 use support::jaeger::{Agent, Span, TagValue};
 use support::otlp::{Behaviour, Collector, ReceivedSpan};
 use support::prometheus::{scrape, value};
-use support::{Host, client, get, hostile_host};
+use support::{Host, client, get, guest_path, hostile_host};
 
 /// A host serving `guest` whose spans go to `agent` every 100 ms.
 fn host_with_agent(agent: &Agent, guest: &str, extra: &[(&str, &str)]) -> Host {
@@ -75,6 +75,50 @@ fn double_tag(span: &Span, key: &str) -> Option<f64> {
 }
 
 #[tokio::test]
+async fn the_instrumented_guest_swapped_in_live_reports_through_the_running_host() {
+    let mut agent = Agent::start();
+    let live = support::tempdir().join("live.wasm");
+    std::fs::copy(guest_path("guest"), &live).unwrap();
+    let port = agent.port.to_string();
+    let host = Host::builder()
+        .guest_at(&live)
+        .env(&[
+            ("GUEST_WATCH", "1"),
+            ("OTEL_EXPORTER_JAEGER_AGENT_HOST", "127.0.0.1"),
+            ("OTEL_EXPORTER_JAEGER_AGENT_PORT", &port),
+            ("OTEL_BSP_SCHEDULE_DELAY", "100"),
+        ])
+        .start();
+    assert_eq!(get(&host, "/api/greet/ada").await.0, 404);
+    // Written aside and renamed over the served file, as `cargo` does.
+    let aside = live.with_extension("next");
+    std::fs::copy(guest_path("otel-guest"), &aside).unwrap();
+    std::fs::rename(&aside, &live).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut attempt = 0;
+    let request_id = loop {
+        attempt += 1;
+        let request_id = format!("after-swap-{attempt}");
+        if get_with_id(&host, "/api/greet/ada", &request_id).await == 200 {
+            break request_id;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the instrumented guest was never served"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let spans = agent.wait_for(|spans| {
+        server_span(spans, &request_id)
+            .is_some_and(|server| child(spans, server, "greet").is_some())
+    });
+    assert!(
+        server_span(&spans, &request_id)
+            .is_some_and(|server| child(&spans, server, "greet").is_some())
+    );
+}
+
+#[tokio::test]
 async fn the_guests_spans_are_children_of_the_server_span_at_a_jaeger_agent() {
     let mut agent = Agent::start();
     let host = host_with_agent(&agent, "otel-guest", &[]);
@@ -124,10 +168,7 @@ async fn the_guests_spans_logs_and_metrics_reach_an_otlp_receiver() {
         && span.parent_span_id == greet.span_id));
 
     // The log record carries the request's trace and the guest span it was emitted in.
-    let logs = collector.wait_for_logs(|logs| {
-        logs.iter()
-            .any(|log| log.body == "greeted ada")
-    });
+    let logs = collector.wait_for_logs(|logs| logs.iter().any(|log| log.body == "greeted ada"));
     let record = logs
         .iter()
         .find(|log| log.body == "greeted ada")

@@ -17,10 +17,10 @@ use wasmtime::component::{Linker, Resource, ResourceTable, ResourceType, WasmLis
 use crate::interfaces::bindings::GuestSpan;
 use crate::interfaces::bindings::telemetry::{Attribute, Level, Value};
 use crate::interfaces::lift::{self, Allowance, InGuest, Lifted, WireAttribute};
+use crate::observability::cost::{HostCalls, HostInterface};
 use crate::observability::logs;
 use crate::observability::metrics::{DroppedGuestTelemetry, Metrics};
 use crate::observability::routes::{self, Label, MatchedRoute, RouteTemplates};
-use crate::runtime::cost::{HostCalls, HostInterface};
 
 /// The `target` of every log event and span the guest reports.
 pub const GUEST_TARGET: &str = "guest";

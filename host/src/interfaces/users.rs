@@ -18,8 +18,8 @@ use wasmtime::component::{Linker, WasmStr};
 use crate::error::HostFault;
 use crate::interfaces::bindings::users::{CreateError, StoreError, User};
 use crate::interfaces::lift::{self, InGuest};
+use crate::observability::cost::{HostCalls, HostInterface};
 use crate::observability::metrics::{LookupResult, Metrics};
-use crate::runtime::cost::{HostCalls, HostInterface};
 use crate::user_store::{self, Unavailable, UserStore};
 
 /// The longest `name` and `email` the host stores, in bytes: the guest's own limits (200 and 254

@@ -17,11 +17,11 @@ use opentelemetry_sdk::Resource;
 use opentelemetry_sdk::metrics::{PeriodicReader, SdkMeterProvider};
 use prometheus::{Encoder, Registry, TextEncoder};
 
+use crate::observability::cost::{CostReading, HostInterface};
 use crate::observability::otlp::Reported;
 use crate::observability::request_span::{OTHER_METHOD, standard_method};
 #[cfg(doc)]
 use crate::observability::routes::UNMATCHED;
-use crate::runtime::cost::{CostReading, HostInterface};
 
 /// The OTLP push of the metrics, when there is one.
 pub type PushReader = PeriodicReader<Reported<opentelemetry_otlp::MetricExporter>>;

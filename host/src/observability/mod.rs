@@ -7,8 +7,11 @@
 //! - [`request_span`]: each request's server span and what its answer records on it;
 //! - [`logs`]: the JSON log line format;
 //! - [`metrics`]: every instrument, and the `/metrics` page;
-//! - [`routes`]: the route templates guests name, a bounded set of labels per guest.
+//! - [`routes`]: the route templates guests name, a bounded set of labels per guest;
+//! - [`cost`]: what each request's instance cost (time, memory, host calls), for its span and
+//!   the per-route metrics.
 
+pub mod cost;
 pub mod jaeger_agent;
 pub mod logs;
 pub mod metrics;

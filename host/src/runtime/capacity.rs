@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use wasmtime::{ResourceLimiter, StoreLimits, StoreLimitsBuilder};
 
-use crate::runtime::cost::RequestCost;
+use crate::observability::cost::RequestCost;
 use crate::runtime::pool::{BudgetSpent, MemoryBudget, MemoryPool, StackPool};
 use crate::runtime::slots::InstanceSlots;
 

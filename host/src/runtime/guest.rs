@@ -13,9 +13,9 @@ use wasmtime_wasi_http::p2::bindings::http::types::Scheme;
 
 use crate::error::{RequestError, one_line};
 use crate::interfaces::bindings::ServicePre;
+use crate::observability::cost::{RequestCost, timed};
 use crate::observability::routes::RouteTemplates;
 use crate::runtime::capacity::{GuestCapacity, GuestLimits};
-use crate::runtime::cost::{RequestCost, timed};
 use crate::runtime::guest_body::GuestBody;
 use crate::runtime::pool::BUDGET_SPENT;
 use crate::runtime::store::{RequestContext, RequestState, new_store};

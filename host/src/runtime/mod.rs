@@ -11,7 +11,6 @@
 //! - [`store`]: what one request's store holds: WASI, `wasi:http`, and the service's
 //!   interfaces, each on its own state;
 //! - [`guest`]: one request through a fresh instance;
-//! - [`cost`]: what that instance cost (time, memory, host calls), for its span and metrics;
 //! - [`guest_body`]: a response body that breaks off when the guest fails mid-stream;
 //! - [`probe`]: the request a new guest must answer 200 before it serves;
 //! - [`serving`]: the guest serving new requests, swapped whole;
@@ -22,7 +21,6 @@ pub mod admission;
 pub mod built;
 pub mod cache;
 pub mod capacity;
-pub mod cost;
 pub mod engine;
 pub mod guest;
 pub mod guest_body;

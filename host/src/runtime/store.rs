@@ -17,10 +17,10 @@ use crate::error::HostFault;
 use crate::interfaces::otel::{GuestOtel, OtelView};
 use crate::interfaces::telemetry::{GuestTelemetry, TelemetryView};
 use crate::interfaces::users::{UserCalls, UsersView};
+use crate::observability::cost::{CostReport, HostCalls, HostInterface, RequestCost};
 use crate::observability::metrics::Metrics;
 use crate::observability::routes::{MatchedRoute, RouteTemplates};
 use crate::runtime::capacity::InstanceLimiter;
-use crate::runtime::cost::{CostReport, HostCalls, HostInterface, RequestCost};
 use crate::user_store::UserStore;
 
 /// Resource handles one request's guest may hold at once (streams, fields, spans...): far more
