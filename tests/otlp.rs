@@ -588,7 +588,12 @@ async fn metric_points_match_what_the_page_says(protocol: Protocol) {
             "{protocol:?}: {name}{{{labels}}} pushed {value}, the page says {on_page:?}"
         );
         if point.kind == "histogram" {
-            assert_eq!(point.unit, "s", "{}", point.metric);
+            let unit = if point.metric.ends_with("_bytes") {
+                "By"
+            } else {
+                "s"
+            };
+            assert_eq!(point.unit, unit, "{}", point.metric);
             for (bound, _) in point.bounds.iter().zip(&point.bucket_counts) {
                 let bucket = if labels.is_empty() {
                     format!("le=\"{bound}\"")

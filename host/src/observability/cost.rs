@@ -7,12 +7,15 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
+use tracing_opentelemetry::OpenTelemetrySpanExt;
+
 use crate::observability::metrics::Metrics;
 use crate::observability::routes::MatchedRoute;
 
 /// The host's own interfaces a guest may call, each counted apart. WASI calls (`wasi:http`,
 /// clocks, random) are not counted: they are wasmtime's, linked unwrapped.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(usize)]
 pub enum HostInterface {
     /// `tutorial:service/users`.
     Users,
@@ -62,8 +65,8 @@ pub struct RequestCost {
 pub struct CostReading {
     /// Time to instantiate the component.
     pub instantiation: Duration,
-    /// Time the instance ran: its task's polls, host calls made inside them included, waits on
-    /// the client or the store not.
+    /// Time the instance ran, instantiation aside: its task's polls, host calls made inside
+    /// them included, waits on the client or the store not.
     pub running: Duration,
     /// The largest size its linear memories reached together, in bytes.
     pub memory_peak: usize,
@@ -90,18 +93,18 @@ impl RequestCost {
 
     /// Counts one call to `interface`.
     pub fn called(&self, interface: HostInterface) {
-        let index = HostInterface::ALL
-            .iter()
-            .position(|known| *known == interface)
-            .expect("every interface is in ALL");
-        self.host_calls[index].fetch_add(1, Ordering::Relaxed);
+        self.host_calls[interface as usize].fetch_add(1, Ordering::Relaxed);
     }
 
     /// What it cost so far.
     pub fn read(&self) -> CostReading {
         CostReading {
             instantiation: Duration::from_nanos(self.instantiation_nanos.load(Ordering::Relaxed)),
-            running: Duration::from_nanos(self.running_nanos.load(Ordering::Relaxed)),
+            running: Duration::from_nanos(
+                self.running_nanos
+                    .load(Ordering::Relaxed)
+                    .saturating_sub(self.instantiation_nanos.load(Ordering::Relaxed)),
+            ),
             memory_peak: self.memory_peak.load(Ordering::Relaxed),
             host_calls: std::array::from_fn(|index| self.host_calls[index].load(Ordering::Relaxed)),
         }
@@ -122,25 +125,34 @@ pub struct CostReport {
 }
 
 impl Drop for CostReport {
+    /// Straight onto the OpenTelemetry span, not through `tracing` fields: the JSON lines have
+    /// no use for them (the request is over), and a field record costs a JSON append. A host
+    /// interface never called gets no attribute (the span must still fit 128 to a datagram).
     fn drop(&mut self) {
         let reading = self.cost.read();
         let span = &self.span;
-        span.record(
+        span.set_attribute(
             "wasm.instantiation.duration",
             reading.instantiation.as_secs_f64(),
         );
-        span.record("wasm.run.duration", reading.running.as_secs_f64());
-        // As i64: tracing-opentelemetry exports an unsigned field as text.
+        span.set_attribute("wasm.run.duration", reading.running.as_secs_f64());
         let memory_peak = i64::try_from(reading.memory_peak).unwrap_or(i64::MAX);
-        span.record("wasm.memory.peak", memory_peak);
-        span.record("wasm.host_calls.users", i64::from(reading.host_calls[0]));
-        span.record(
-            "wasm.host_calls.telemetry",
-            i64::from(reading.host_calls[1]),
-        );
-        span.record("wasm.host_calls.otel", i64::from(reading.host_calls[2]));
+        span.set_attribute("wasm.memory.peak", memory_peak);
+        let host_calls = HostInterface::ALL
+            .map(|interface| (interface.name(), reading.host_calls[interface as usize]));
+        for (interface, calls) in host_calls {
+            if calls > 0 {
+                span.set_attribute(format!("wasm.host_calls.{interface}"), i64::from(calls));
+            }
+        }
         let (route, _) = self.route.answer();
-        self.metrics.observe_instance_cost(&route, &reading);
+        self.metrics.observe_instance_cost(
+            &route,
+            reading.instantiation,
+            reading.running,
+            reading.memory_peak,
+            &host_calls,
+        );
     }
 }
 
@@ -174,6 +186,10 @@ mod tests {
         cost.called(HostInterface::Users);
         let reading = cost.read();
         assert_eq!(reading.memory_peak, 4 << 16);
+        assert_eq!(
+            HostInterface::ALL[HostInterface::Otel as usize],
+            HostInterface::Otel
+        );
         assert_eq!(reading.host_calls, [1, 0, 2]);
     }
 

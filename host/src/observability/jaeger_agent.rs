@@ -153,11 +153,11 @@ impl SpanExporter for AgentExporter {
 /// method's name and a sequence id, the argument's, fields' and list's heads, and the end.
 const CALL_FRAMING_BYTES: usize = 64;
 
-/// The size, at most, of an `emitBatch` call whose spans take `span_bytes`.
 /// The name of the host's own tracer (observability/pipeline.rs), whose spans carry no scope
 /// tags: every span of the host would otherwise repeat it.
 pub const HOST_TRACER: &str = "host";
 
+/// The size, at most, of an `emitBatch` call whose spans take `span_bytes`.
 fn call_bytes(process: &[u8], span_bytes: usize) -> usize {
     CALL_FRAMING_BYTES + process.len() + span_bytes
 }

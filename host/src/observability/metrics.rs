@@ -17,7 +17,6 @@ use opentelemetry_sdk::Resource;
 use opentelemetry_sdk::metrics::{PeriodicReader, SdkMeterProvider};
 use prometheus::{Encoder, Registry, TextEncoder};
 
-use crate::observability::cost::{CostReading, HostInterface};
 use crate::observability::otlp::Reported;
 use crate::observability::request_span::{OTHER_METHOD, standard_method};
 #[cfg(doc)]
@@ -80,15 +79,18 @@ pub struct DroppedGuestTelemetry {
     pub metric_points: u64,
 }
 
-/// The prefix of every instrument a guest's `wasi:otel` metrics are recorded in: a guest
-/// cannot name, or disturb, one of the host's. `/metrics` shows `guest.orders.placed` as
-/// `guest_orders_placed`.
-pub const GUEST_METRIC_PREFIX: &str = "guest.";
+/// The prefix of every instrument a guest's `wasi:otel` metrics are recorded in: no host
+/// metric starts with it, so a guest cannot name, or disturb, one of the host's. `/metrics`
+/// shows `orders.placed` as `guest_otel_orders_placed`.
+pub const GUEST_METRIC_PREFIX: &str = "guest.otel.";
 /// The longest metric name a guest may use (OpenTelemetry's 255, less the prefix).
 pub const MAX_GUEST_METRIC_NAME: usize = 255 - GUEST_METRIC_PREFIX.len();
 /// Distinct metric names the guests of one host may use, over its lifetime; a point of any
 /// other is dropped. Each name's series are bounded by the SDK's cardinality limit (2,000).
-pub const MAX_GUEST_METRICS: usize = 64;
+pub const MAX_GUEST_METRICS: usize = 32;
+/// Endings a guest's metric may not have on `/metrics`: they would pass for a histogram's
+/// series.
+const HISTOGRAM_SUFFIXES: [&str; 3] = ["_bucket", "_count", "_sum"];
 
 /// One data point a guest exported, checked: recorded in the host's instrument of its name.
 pub struct GuestMeasurement<'a> {
@@ -125,6 +127,7 @@ pub enum GuestValue {
 
 /// A guest metric's instrument: the first point of a name decides its kind (and a histogram's
 /// buckets).
+#[derive(Clone)]
 enum GuestInstrument {
     Counter(Counter<f64>),
     UpDownCounter(UpDownCounter<f64>),
@@ -367,19 +370,26 @@ impl Metrics {
 
     /// Records what one request's instance cost, under its `route` (a template or
     /// [`UNMATCHED`]).
-    pub fn observe_instance_cost(&self, route: &Arc<str>, cost: &CostReading) {
+    /// `host_calls` are (interface, calls) pairs.
+    pub fn observe_instance_cost(
+        &self,
+        route: &Arc<str>,
+        instantiation: Duration,
+        running: Duration,
+        memory_peak: usize,
+        host_calls: &[(&'static str, u32)],
+    ) {
         let route = KeyValue::new("route", Arc::clone(route));
         let labels = std::slice::from_ref(&route);
         self.wasm_instantiation
-            .record(cost.instantiation.as_secs_f64(), labels);
-        self.wasm_run.record(cost.running.as_secs_f64(), labels);
-        self.wasm_memory_peak
-            .record(cost.memory_peak as f64, labels);
-        for (interface, calls) in HostInterface::ALL.iter().zip(cost.host_calls) {
+            .record(instantiation.as_secs_f64(), labels);
+        self.wasm_run.record(running.as_secs_f64(), labels);
+        self.wasm_memory_peak.record(memory_peak as f64, labels);
+        for &(interface, calls) in host_calls {
             if calls > 0 {
                 self.wasm_host_calls.add(
                     u64::from(calls),
-                    &[route.clone(), KeyValue::new("interface", interface.name())],
+                    &[route.clone(), KeyValue::new("interface", interface)],
                 );
             }
         }
@@ -393,18 +403,27 @@ impl Metrics {
         measurement: GuestMeasurement<'_>,
         attributes: &[KeyValue],
     ) -> bool {
-        let mut instruments = self
-            .guest_instruments
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        if !instruments.contains_key(measurement.name) {
-            if instruments.len() >= MAX_GUEST_METRICS || !is_instrument_name(measurement.name) {
-                return false;
-            }
-            let instrument = self.guest_instrument(&measurement);
-            instruments.insert(measurement.name.to_string(), instrument);
+        if !is_instrument_name(measurement.name) {
+            return false;
         }
-        match (&instruments[measurement.name], measurement.value) {
+        // Keyed by the name `/metrics` shows, so that `a.b` and `a_b` are one instrument, and
+        // recorded outside the lock (instruments are handles).
+        let shown = page_name(measurement.name);
+        let instrument = {
+            let mut instruments = self
+                .guest_instruments
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            if !instruments.contains_key(&shown) {
+                if instruments.len() >= MAX_GUEST_METRICS {
+                    return false;
+                }
+                let instrument = self.guest_instrument(&measurement);
+                instruments.insert(shown.clone(), instrument);
+            }
+            instruments[&shown].clone()
+        };
+        match (&instrument, measurement.value) {
             (
                 GuestInstrument::Counter(counter),
                 GuestValue::Sum {
@@ -500,14 +519,27 @@ impl Metrics {
     }
 }
 
-/// Whether `name` is an OpenTelemetry instrument name: a letter, then letters, digits, `_`,
-/// `.`, `-` and `/` (its length is checked when it is read).
+/// Whether `name` is an OpenTelemetry instrument name (a letter, then letters, digits, `_`,
+/// `.`, `-` and `/`; its length is checked when it is read) that does not end as a histogram's
+/// series do on `/metrics`.
 fn is_instrument_name(name: &str) -> bool {
     let mut bytes = name.bytes();
+    let shown = page_name(name);
     bytes
         .next()
         .is_some_and(|first| first.is_ascii_alphabetic())
         && bytes.all(|byte| byte.is_ascii_alphanumeric() || b"_.-/".contains(&byte))
+        && !HISTOGRAM_SUFFIXES
+            .iter()
+            .any(|suffix| shown.ends_with(suffix))
+}
+
+/// A guest metric's name as `/metrics` shows it (after the prefix): anything but a letter or
+/// digit becomes `_`.
+fn page_name(name: &str) -> String {
+    name.chars()
+        .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
+        .collect()
 }
 
 impl Default for Metrics {
@@ -578,6 +610,34 @@ fn method_label(method: &http::Method) -> &'static str {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_guest_metric_name_is_an_instrument_name_not_ending_as_histogram_series_do() {
+        assert!(is_instrument_name("orders.placed"));
+        assert!(is_instrument_name("http/requests-total"));
+        assert!(!is_instrument_name("9lives"));
+        assert!(!is_instrument_name("orders placed"));
+        assert!(!is_instrument_name("latency.count"));
+        assert!(!is_instrument_name("latency_bucket"));
+        assert_eq!(page_name("a.b-c/d"), "a_b_c_d");
+    }
+
+    #[test]
+    fn names_that_show_alike_on_the_page_are_one_instrument() {
+        let metrics = Metrics::new();
+        let point = |name| GuestMeasurement {
+            name,
+            description: "",
+            unit: "",
+            value: GuestValue::Sum {
+                monotonic: true,
+                added: 1.0,
+            },
+        };
+        assert!(metrics.observe_guest(point("a.b"), &[]));
+        assert!(metrics.observe_guest(point("a_b"), &[]));
+        assert!(metrics.render(None).contains("guest_otel_a_b 2"));
+    }
     use crate::observability::routes::UNMATCHED;
 
     #[test]

@@ -191,10 +191,12 @@ pub fn init(settings: &TelemetrySettings) -> Telemetry {
         .ok()
         .flatten();
     let spans = tracer.as_ref().map(|provider| {
-        // Without code locations, thread ids and busy/idle timings: tags nobody reads here, and
-        // encoding every tag is a visible share of the host's CPU.
+        // Without code locations, module paths (`target`), thread ids and busy/idle timings:
+        // tags nobody reads here, encoding every tag is a visible share of the host's CPU, and
+        // a request span must stay small enough for 128 to fill one datagram to the agent.
         tracing_opentelemetry::layer()
             .with_tracer(provider.tracer(HOST_TRACER))
+            .with_target(false)
             .with_location(false)
             .with_threads(false)
             .with_tracked_inactivity(false)

@@ -21,8 +21,14 @@ use crate::observability::metrics::{GuestMeasurement, GuestValue, MAX_GUEST_METR
 
 /// Buckets one guest histogram point may have.
 pub const MAX_HISTOGRAM_BOUNDS: usize = 64;
-/// Measurements one request's histogram points may stand for, together: each is recorded.
-pub const MAX_HISTOGRAM_MEASUREMENTS_PER_REQUEST: u64 = 4096;
+/// Measurements one request's histogram points may stand for, together, over all its exports:
+/// each is recorded.
+pub const MAX_HISTOGRAM_MEASUREMENTS_PER_REQUEST: u64 = 1024;
+/// The longest attribute key of a metric data point: keys and values become label names and
+/// values kept for the host's life, so they are short.
+const MAX_METRIC_KEY_BYTES: usize = 64;
+/// The longest attribute value of a metric data point (as JSON text).
+const MAX_METRIC_VALUE_BYTES: usize = 128;
 /// The longest unit kept (UCUM units are short).
 const MAX_UNIT_BYTES: usize = 63;
 /// The longest description kept.
@@ -41,10 +47,9 @@ pub(crate) enum Seen {
     },
 }
 
-/// What one export call may still do: items it may visit, measurements it may record.
+/// What one export call dropped so far.
 struct Budget {
     dropped: u64,
-    measurements: u64,
 }
 
 /// `export`: every data point the quotas hold, recorded; `Err` says how many were not.
@@ -56,10 +61,7 @@ pub(super) fn export<T: OtelView>(
     if telemetry.metrics().is_none() {
         return Ok(Ok(()));
     }
-    let mut budget = Budget {
-        dropped: 0,
-        measurements: MAX_HISTOGRAM_MEASUREMENTS_PER_REQUEST,
-    };
+    let mut budget = Budget { dropped: 0 };
     let scopes = &exported.scope_metrics;
     for index in 0..scopes.len() {
         if !take_point(store) {
@@ -158,13 +160,17 @@ fn record_metric<T: OtelView>(
                             Some(Seen::Sum(before)) => *before,
                             _ => 0.0,
                         };
-                        last.insert(series.to_string(), Seen::Sum(value));
                         value - before
                     } else {
                         value
                     };
-                    (added.is_finite() && (!monotonic || added >= 0.0))
-                        .then(|| kind(GuestValue::Sum { monotonic, added }))
+                    if !added.is_finite() || (monotonic && added < 0.0) {
+                        return None;
+                    }
+                    if cumulative {
+                        last.insert(series.to_string(), Seen::Sum(value));
+                    }
+                    Some(kind(GuestValue::Sum { monotonic, added }))
                 },
             )?;
         }
@@ -213,46 +219,54 @@ fn record_histogram<'a, T: OtelView>(
         let seen = Seen::Histogram {
             count: point.count,
             sum: number(point.sum),
-            buckets: counts.clone(),
+            buckets: counts,
         };
         let (otel, _) = store.data_mut().otel();
-        let before = if cumulative {
-            otel.last_values.insert(series, seen.clone())
-        } else {
-            None
+        let before = cumulative.then(|| otel.last_values.get(&series)).flatten();
+        let Ok(values) = added_measurements(&bounds, &seen, before) else {
+            budget.dropped += 1;
+            continue;
         };
-        let values = added_measurements(&bounds, &seen, before.as_ref());
         let measurements: u64 = values.iter().map(|(_, times)| times).sum();
-        if values.is_empty() || measurements > budget.measurements {
-            budget.dropped += u64::from(!values.is_empty() || point.count > 0);
+        if measurements > otel.histogram_measurements {
+            budget.dropped += 1;
             continue;
         }
-        budget.measurements -= measurements;
-        observe(
-            store,
-            kind(GuestValue::Histogram { bounds, values }),
-            &attributes,
-            budget,
-        );
+        otel.histogram_measurements -= measurements;
+        if cumulative {
+            otel.last_values.insert(series, seen);
+        }
+        if !values.is_empty() {
+            observe(
+                store,
+                kind(GuestValue::Histogram { bounds, values }),
+                &attributes,
+                budget,
+            );
+        }
     }
     Ok(())
 }
 
+/// A histogram point that is not one: bounds not ascending and finite, not one bucket count
+/// per bound plus one, counts not adding up to its count, a sum not finite.
+#[derive(Debug, PartialEq)]
+pub(crate) struct Malformed;
+
 /// What a histogram point added since `before` (the same series' last cumulative point), as
-/// (value, times) measurements; none if the point is malformed (bounds not ascending and
-/// finite, a bucket count per bound plus one, counts adding up to its count, a finite sum).
+/// (value, times) measurements (none when nothing was added).
 pub(crate) fn added_measurements(
     bounds: &[f64],
     now: &Seen,
     before: Option<&Seen>,
-) -> Vec<(f64, u64)> {
+) -> Result<Vec<(f64, u64)>, Malformed> {
     let Seen::Histogram {
         count,
         sum,
         buckets,
     } = now
     else {
-        return Vec::new();
+        return Err(Malformed);
     };
     let well_formed = bounds.iter().all(|bound| bound.is_finite())
         && bounds.windows(2).all(|pair| pair[0] < pair[1])
@@ -263,7 +277,7 @@ pub(crate) fn added_measurements(
             == Some(*count)
         && sum.is_finite();
     if !well_formed {
-        return Vec::new();
+        return Err(Malformed);
     }
     let (count, sum, buckets): (u64, f64, Vec<u64>) = match before {
         Some(Seen::Histogram {
@@ -282,13 +296,16 @@ pub(crate) fn added_measurements(
         _ => (*count, *sum, buckets.clone()),
     };
     if count == 0 {
-        return Vec::new();
+        return Ok(Vec::new());
+    }
+    if !sum.is_finite() {
+        return Err(Malformed);
     }
     let mean = sum / count as f64;
     if count == 1 {
-        return vec![(mean, 1)];
+        return Ok(vec![(mean, 1)]);
     }
-    buckets
+    Ok(buckets
         .iter()
         .enumerate()
         .filter(|(_, times)| **times > 0)
@@ -297,7 +314,7 @@ pub(crate) fn added_measurements(
             let upper = bounds.get(index).copied();
             (nearest_in_bucket(mean, lower, upper), *times)
         })
-        .collect()
+        .collect())
 }
 
 /// The value nearest `mean` inside the bucket (`lower`, `upper`] (open at either end when
@@ -375,7 +392,11 @@ fn attributes<T: OtelView>(
     let mut bytes: Allowance = store.data_mut().otel().0.metric_bytes;
     let lifted = super::key_values(store, list, &mut bytes)?;
     store.data_mut().otel().0.metric_bytes = bytes;
-    if lifted.dropped > 0 {
+    let too_long = lifted.attributes.iter().any(|attribute| {
+        attribute.key.len() > MAX_METRIC_KEY_BYTES
+            || matches!(&attribute.value, crate::interfaces::bindings::telemetry::Value::Text(text) if text.len() > MAX_METRIC_VALUE_BYTES)
+    });
+    if lifted.dropped > 0 || too_long {
         return Ok(None);
     }
     let mut attributes: Vec<KeyValue> = lifted
@@ -463,7 +484,7 @@ mod tests {
         let now = histogram(1, 0.003, &[0, 1, 0]);
         assert_eq!(
             added_measurements(&[0.001, 0.01], &now, None),
-            vec![(0.003, 1)]
+            Ok(vec![(0.003, 1)])
         );
     }
 
@@ -471,7 +492,7 @@ mod tests {
     fn several_measurements_keep_their_buckets_and_count() {
         // Mean 2.0, but one measurement fell at or below 1 and two above 5.
         let now = histogram(3, 6.0, &[1, 0, 2]);
-        let values = added_measurements(&[1.0, 5.0], &now, None);
+        let values = added_measurements(&[1.0, 5.0], &now, None).unwrap();
         assert_eq!(values.len(), 2);
         assert_eq!(values[0], (1.0, 1));
         assert!(values[1].0 > 5.0 && values[1].1 == 2);
@@ -483,17 +504,31 @@ mod tests {
         let now = histogram(3, 9.0, &[2, 1]);
         assert_eq!(
             added_measurements(&[5.0], &now, Some(&before)),
-            vec![(7.0, 1)]
+            Ok(vec![(7.0, 1)])
         );
+        // Exported again unchanged: nothing new, and nothing wrong.
+        assert_eq!(added_measurements(&[5.0], &now, Some(&now)), Ok(vec![]));
     }
 
     #[test]
     fn a_malformed_point_records_nothing() {
         let counts_do_not_add_up = histogram(5, 1.0, &[1, 1]);
-        assert!(added_measurements(&[1.0], &counts_do_not_add_up, None).is_empty());
+        assert_eq!(
+            added_measurements(&[1.0], &counts_do_not_add_up, None),
+            Err(Malformed)
+        );
         let bounds_not_ascending = histogram(2, 1.0, &[1, 1, 0]);
-        assert!(added_measurements(&[2.0, 1.0], &bounds_not_ascending, None).is_empty());
+        assert_eq!(
+            added_measurements(&[2.0, 1.0], &bounds_not_ascending, None),
+            Err(Malformed)
+        );
         let infinite_sum = histogram(1, f64::INFINITY, &[1]);
-        assert!(added_measurements(&[], &infinite_sum, None).is_empty());
+        assert_eq!(added_measurements(&[], &infinite_sum, None), Err(Malformed));
+        let before = histogram(1, -f64::MAX, &[1]);
+        let overflowing = histogram(2, f64::MAX, &[2]);
+        assert_eq!(
+            added_measurements(&[], &overflowing, Some(&before)),
+            Err(Malformed)
+        );
     }
 }

@@ -51,7 +51,7 @@ pub const MAX_LINKS_PER_SPAN: usize = 8;
 pub const MAX_METRIC_POINTS_PER_REQUEST: u32 = 256;
 /// Attributes kept on one metric data point; a point with more is dropped (its series would
 /// not be the one the guest meant).
-pub const MAX_ATTRIBUTES_PER_POINT: usize = 8;
+pub const MAX_ATTRIBUTES_PER_POINT: usize = 4;
 /// Bytes of metric names, units, descriptions and point attributes one request may pass.
 pub const MAX_METRIC_BYTES_PER_REQUEST: usize = 64 * 1024;
 /// How far before the request began, or after the host received it, a guest's time may lie:
@@ -80,6 +80,8 @@ pub struct GuestOtel {
     /// The last cumulative value of each series the guest reported, so that a second export in
     /// one request adds only what is new.
     last_values: HashMap<String, measurements::Seen>,
+    /// Histogram measurements this request may still record.
+    histogram_measurements: u64,
 }
 
 impl Default for GuestOtel {
@@ -95,6 +97,7 @@ impl Default for GuestOtel {
                 attributes: MAX_METRIC_POINTS_PER_REQUEST * MAX_ATTRIBUTES_PER_POINT as u32,
             },
             last_values: HashMap::new(),
+            histogram_measurements: measurements::MAX_HISTOGRAM_MEASUREMENTS_PER_REQUEST,
         }
     }
 }
@@ -273,11 +276,10 @@ fn any_value(json: String) -> OtelValue {
     match parsed {
         Some(Json::String(text)) => OtelValue::from(text),
         Some(Json::Bool(flag)) => OtelValue::Bool(flag),
-        Some(Json::Number(number)) => match number.as_i64() {
-            Some(integer) => OtelValue::I64(integer),
-            None => number
-                .as_f64()
-                .map_or_else(|| OtelValue::from(json.clone()), OtelValue::F64),
+        Some(Json::Number(number)) => match (number.as_i64(), number.as_f64()) {
+            (Some(integer), _) => OtelValue::I64(integer),
+            (None, Some(float)) if is_short(float) => OtelValue::F64(float),
+            _ => OtelValue::from(json),
         },
         Some(Json::Array(items)) => array_value(&items).unwrap_or_else(|| OtelValue::from(json)),
         _ => OtelValue::from(json),
@@ -291,7 +293,7 @@ fn array_value(items: &[serde_json::Value]) -> Option<OtelValue> {
         Array::Bool(items.iter().filter_map(Json::as_bool).collect())
     } else if items.iter().all(Json::is_i64) {
         Array::I64(items.iter().filter_map(Json::as_i64).collect())
-    } else if items.iter().all(Json::is_number) {
+    } else if items.iter().all(|item| item.as_f64().is_some_and(is_short)) {
         Array::F64(items.iter().filter_map(Json::as_f64).collect())
     } else if items.iter().all(Json::is_string) {
         Array::String(
@@ -305,6 +307,12 @@ fn array_value(items: &[serde_json::Value]) -> Option<OtelValue> {
         return None;
     };
     Some(OtelValue::Array(array))
+}
+
+/// Whether `float` prints short: exporters and labels write floats out in full, and 1e300
+/// would print as 301 digits.
+fn is_short(float: f64) -> bool {
+    float == 0.0 || (1e-15..1e15).contains(&float.abs())
 }
 
 /// The JSON text of a log attribute or body as a JSON value (text that is not JSON as a
@@ -341,6 +349,11 @@ mod tests {
         assert_eq!(any_value("{\"a\":1}".into()), OtelValue::from("{\"a\":1}"));
         assert_eq!(any_value("not json".into()), OtelValue::from("not json"));
         assert_eq!(any_value("[1,\"a\"]".into()), OtelValue::from("[1,\"a\"]"));
+        assert_eq!(any_value("1e300".into()), OtelValue::from("1e300"));
+        assert_eq!(
+            any_value("[1.5,1e300]".into()),
+            OtelValue::from("[1.5,1e300]")
+        );
     }
 
     #[test]

@@ -97,11 +97,13 @@ fn level(number: Option<u8>, text: Option<&str>) -> Level {
     }
 }
 
-/// A body's JSON text as a message: a JSON string as itself, anything else as its text.
+/// A body's JSON text as a message: a JSON string as itself, anything else as its text. A
+/// string cut at the longest value kept has lost its closing quote: it loses its opening one.
 fn message(body: String) -> String {
     match serde_json::from_str::<serde_json::Value>(&body) {
         Ok(serde_json::Value::String(text)) => text,
-        _ => body,
+        Ok(_) => body,
+        Err(_) => body.strip_prefix('"').map(str::to_string).unwrap_or(body),
     }
 }
 
@@ -126,5 +128,6 @@ mod tests {
         assert_eq!(message("\"order placed\"".into()), "order placed");
         assert_eq!(message("{\"a\":1}".into()), "{\"a\":1}");
         assert_eq!(message("not json".into()), "not json");
+        assert_eq!(message("\"cut sho".into()), "cut sho");
     }
 }

@@ -17,10 +17,13 @@ use super::{CLOCK_SLACK, MAX_EVENTS_PER_SPAN, MAX_LINKS_PER_SPAN, OtelView};
 use crate::interfaces::bindings::wasi::otel::tracing::{Datetime, SpanKind};
 use crate::interfaces::lift::{self, Allowance, InGuest};
 use crate::interfaces::telemetry::{MAX_BYTES_PER_SPAN, Report};
+use crate::observability::jaeger_agent::HOST_TRACER;
 use crate::observability::pipeline;
 
 /// The longest instrumentation scope name or version kept.
 const MAX_SCOPE_BYTES: usize = 128;
+/// The scope of a guest span whose own is unnamed, or named as the host's tracer.
+const GUEST_SCOPE: &str = "guest";
 
 /// `on-start`: the span's id becomes a parent the guest's later spans may name, if it belongs
 /// to the request's trace.
@@ -28,6 +31,10 @@ pub(super) fn on_start<T: OtelView>(
     store: &mut StoreContextMut<'_, T>,
     context: &WireSpanContext,
 ) -> wasmtime::Result<()> {
+    let (otel, _) = store.data_mut().otel();
+    if otel.known_spans.len() >= super::MAX_KNOWN_SPANS_PER_REQUEST {
+        return Ok(());
+    }
     let Some((trace, span)) = super::ids(store, context)? else {
         return Ok(());
     };
@@ -139,6 +146,7 @@ fn check<T: OtelView>(
     let belongs = server.is_valid()
         && trace == server.trace_id()
         && id != server.span_id()
+        && id != parent
         && !otel.ended.contains(&id)
         && otel.is_known(parent);
     let window = (otel.began - CLOCK_SLACK, SystemTime::now() + CLOCK_SLACK);
@@ -243,7 +251,12 @@ fn scope<T: 'static>(
 ) -> wasmtime::Result<InstrumentationScope> {
     let wire = &span.instrumentation_scope;
     let name = lift::text(&InGuest::new(&wire.name, store), budget)?.unwrap_or_default();
-    let mut builder = InstrumentationScope::builder(lift::cut(&name, MAX_SCOPE_BYTES).to_string());
+    // A guest's spans never pass for the host's own (which carry no scope tags).
+    let name = match lift::cut(&name, MAX_SCOPE_BYTES) {
+        "" | HOST_TRACER => GUEST_SCOPE.to_string(),
+        name => name.to_string(),
+    };
+    let mut builder = InstrumentationScope::builder(name);
     if let Some(version) = &wire.version
         && let Some(version) = lift::text(&InGuest::new(version, store), budget)?
     {
