@@ -472,3 +472,28 @@ async fn a_flood_through_wasi_otel_leaves_the_host_alive_bounded_and_counting() 
     assert_eq!(records.len(), 256);
     assert!(host.is_running());
 }
+
+#[tokio::test]
+async fn ids_names_and_severity_texts_past_their_limits_are_read_once_per_request_at_most() {
+    let host = hostile_host(&[]);
+    let started = Instant::now();
+    // 8,000 rounds of the four calls with 4 MiB strings: read each time (160 GiB), they would
+    // take minutes, and the deadline would answer 503.
+    let (status, body) = get(&host, "/otel-long-strings").await;
+    assert_eq!(status, 200, "{body} after {:?}", started.elapsed());
+    assert_eq!(get(&host, "/api/health").await.0, 200);
+    let samples = scrape(&host).await;
+    let dropped = |signal| {
+        value(
+            &samples,
+            "guest_telemetry_dropped_total",
+            &[("signal", signal)],
+        )
+    };
+    assert_eq!(
+        dropped("span"),
+        8_000.0,
+        "every span, its ids unread or refused"
+    );
+    assert!(dropped("metric") >= 1.0, "the long-named metric is dropped");
+}

@@ -113,6 +113,27 @@ pub fn bounded_text(raw: &impl RawText, max: usize) -> wasmtime::Result<Option<S
     Ok((text.len() <= max).then(|| text.into_owned()))
 }
 
+/// The guest's string, if it is at most `max` bytes and the allowance still holds it: its
+/// length is spent. A longer one spends the rest of the allowance and is dropped, so a guest
+/// gets the host to read at most one string past its allowance; with nothing left, nothing is
+/// read at all (reading checks the whole string as UTF-8, however long).
+pub fn metered_text(
+    raw: &impl RawText,
+    max: usize,
+    allowance: &mut Allowance,
+) -> wasmtime::Result<Option<String>> {
+    if allowance.bytes == 0 {
+        return Ok(None);
+    }
+    let text = raw.read()?;
+    if text.len() > max.min(allowance.bytes) {
+        allowance.bytes = 0;
+        return Ok(None);
+    }
+    allowance.bytes -= text.len();
+    Ok(Some(text.into_owned()))
+}
+
 /// The guest's string, cut to [`MAX_VALUE_BYTES`], if the allowance still holds all of it: the
 /// cut length is spent. A string longer than what is left spends the rest, and is dropped; with
 /// nothing left, nothing is read at all.
@@ -370,6 +391,46 @@ mod tests {
             None
         );
         assert_eq!(left.bytes, 0);
+    }
+
+    #[test]
+    fn a_metered_text_spends_its_length_and_one_over_its_limit_spends_everything() {
+        let mut allowance = Allowance {
+            bytes: 10,
+            attributes: 0,
+        };
+        let read =
+            |text: &str, allowance: &mut Allowance| metered_text(&text, 4, allowance).unwrap();
+        assert_eq!(read("abcd", &mut allowance).as_deref(), Some("abcd"));
+        assert_eq!(allowance.bytes, 6);
+        assert_eq!(read("abcde", &mut allowance), None);
+        assert_eq!(allowance.bytes, 0);
+        assert_eq!(read("ab", &mut allowance), None);
+    }
+
+    #[test]
+    fn a_metered_text_is_not_read_once_the_allowance_is_spent() {
+        struct MustNotRead;
+        impl RawText for MustNotRead {
+            fn read(&self) -> wasmtime::Result<Cow<'_, str>> {
+                panic!("a string past the allowance was read");
+            }
+        }
+        let mut spent = Allowance {
+            bytes: 0,
+            attributes: 0,
+        };
+        assert_eq!(metered_text(&MustNotRead, 4, &mut spent).unwrap(), None);
+    }
+
+    #[test]
+    fn a_metered_text_longer_than_what_is_left_is_dropped() {
+        let mut allowance = Allowance {
+            bytes: 3,
+            attributes: 0,
+        };
+        assert_eq!(metered_text(&"abcd", 4, &mut allowance).unwrap(), None);
+        assert_eq!(allowance.bytes, 0);
     }
 
     #[test]

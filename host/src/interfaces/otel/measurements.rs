@@ -114,9 +114,20 @@ fn record_metric<T: OtelView>(
     let passed = points(&metric.data);
     let (otel, _) = store.data_mut().otel();
     let mut bytes = otel.metric_bytes;
-    let name = lift::bounded_text(&InGuest::new(&metric.name, store), MAX_GUEST_METRIC_NAME)?;
-    let unit = lift::bounded_text(&InGuest::new(&metric.unit, store), MAX_UNIT_BYTES)?;
+    // Each string spends what it is, and one over its limit spends the rest, before the next
+    // is read: a refused name costs the request's later metrics their reading too.
+    let name = lift::metered_text(
+        &InGuest::new(&metric.name, store),
+        MAX_GUEST_METRIC_NAME,
+        &mut bytes,
+    )?;
+    let unit = lift::metered_text(
+        &InGuest::new(&metric.unit, store),
+        MAX_UNIT_BYTES,
+        &mut bytes,
+    )?;
     let description = lift::text(&InGuest::new(&metric.description, store), &mut bytes)?;
+    store.data_mut().otel().0.metric_bytes = bytes;
     let (Some(name), Some(unit)) = (name, unit) else {
         budget.dropped += passed;
         return Ok(());
@@ -124,8 +135,6 @@ fn record_metric<T: OtelView>(
     let description = description
         .map(|text| lift::cut(&text, MAX_DESCRIPTION_BYTES).to_string())
         .unwrap_or_default();
-    bytes.bytes = bytes.bytes.saturating_sub(name.len() + unit.len());
-    store.data_mut().otel().0.metric_bytes = bytes;
     let kind = |value| GuestMeasurement {
         name: &name,
         description: &description,

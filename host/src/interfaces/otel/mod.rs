@@ -16,11 +16,10 @@
 //! by the limits below, and what is dropped is counted in `guest_telemetry_dropped_total`. A
 //! guest that imports none of this is unaffected.
 //!
-//! Known gap (issue 26, open): ids, metric names and units and severity texts are read whole
-//! ([`lift::bounded_text`] checks the whole string as UTF-8) before their length is compared
-//! with its limit, and a refused one spends no quota: each can cost up to wasmtime's hostcall
-//! limit (128 MiB) of checking. They should spend the request's allowance as
-//! [`lift::text`] does.
+//! A string whose limit is short (ids, metric names and units, severity texts) is read whole
+//! before its length is known (wasmtime checks it as UTF-8): each is metered
+//! ([`lift::metered_text`]), so past its limit or its allowance it spends the rest, and the
+//! request's later ones are not read at all.
 
 mod measurements;
 mod records;
@@ -60,6 +59,10 @@ pub const MAX_METRIC_POINTS_PER_REQUEST: u32 = 256;
 pub const MAX_ATTRIBUTES_PER_POINT: usize = 4;
 /// Bytes of metric names, units, descriptions and point attributes one request may pass.
 pub const MAX_METRIC_BYTES_PER_REQUEST: usize = 64 * 1024;
+/// Bytes of trace and span ids one request's guest may pass: every id it hands over (its spans',
+/// their parents', their links', its log records') is 16 or 32 bytes, so this is far above
+/// what 128 spans with 8 links each and 256 log records name.
+pub const MAX_ID_BYTES_PER_REQUEST: usize = 128 * 1024;
 /// How far before the request began, or after the host received it, a guest's time may lie:
 /// a span or event outside that window is dropped (a guest's clock is the host's).
 pub const CLOCK_SLACK: std::time::Duration = std::time::Duration::from_secs(1);
@@ -88,6 +91,8 @@ pub struct GuestOtel {
     last_values: HashMap<String, measurements::Seen>,
     /// Histogram measurements this request may still record.
     histogram_measurements: u64,
+    /// Bytes of ids the guest may still pass ([`MAX_ID_BYTES_PER_REQUEST`]).
+    id_bytes: Allowance,
 }
 
 impl Default for GuestOtel {
@@ -104,6 +109,10 @@ impl Default for GuestOtel {
             },
             last_values: HashMap::new(),
             histogram_measurements: measurements::MAX_HISTOGRAM_MEASUREMENTS_PER_REQUEST,
+            id_bytes: Allowance {
+                bytes: MAX_ID_BYTES_PER_REQUEST,
+                attributes: 0,
+            },
         }
     }
 }
@@ -213,25 +222,38 @@ fn wit_span_context(context: &SpanContext) -> WitSpanContext {
     }
 }
 
-/// A trace id the guest passed: exactly 32 hexadecimal digits, not all zero. Anything longer is
-/// not read.
-fn trace_id<T: 'static>(
-    store: &StoreContextMut<'_, T>,
+/// A trace id the guest passed: exactly 32 hexadecimal digits, not all zero. Read within the
+/// request's id allowance.
+fn trace_id<T: OtelView>(
+    store: &mut StoreContextMut<'_, T>,
     raw: &WasmStr,
 ) -> wasmtime::Result<Option<TraceId>> {
-    let text = lift::bounded_text(&InGuest::new(raw, store), 32)?;
+    let text = metered_id(store, raw, 32)?;
     Ok(text.and_then(|text| hex_id(&text, 32)).map(TraceId::from))
 }
 
-/// A span id the guest passed: exactly 16 hexadecimal digits, not all zero.
-fn span_id<T: 'static>(
-    store: &StoreContextMut<'_, T>,
+/// A span id the guest passed: exactly 16 hexadecimal digits, not all zero. Read within the
+/// request's id allowance.
+fn span_id<T: OtelView>(
+    store: &mut StoreContextMut<'_, T>,
     raw: &WasmStr,
 ) -> wasmtime::Result<Option<SpanId>> {
-    let text = lift::bounded_text(&InGuest::new(raw, store), 16)?;
+    let text = metered_id(store, raw, 16)?;
     Ok(text
         .and_then(|text| hex_id(&text, 16))
         .map(|id| SpanId::from(id as u64)))
+}
+
+/// An id's text, if it is at most `digits` bytes and the request's id allowance holds it.
+fn metered_id<T: OtelView>(
+    store: &mut StoreContextMut<'_, T>,
+    raw: &WasmStr,
+    digits: usize,
+) -> wasmtime::Result<Option<String>> {
+    let mut allowance = store.data_mut().otel().0.id_bytes;
+    let text = lift::metered_text(&InGuest::new(raw, store), digits, &mut allowance);
+    store.data_mut().otel().0.id_bytes = allowance;
+    text
 }
 
 /// `text` as an id of exactly `digits` hexadecimal digits (no sign, no prefix), unless zero.
@@ -243,8 +265,8 @@ fn hex_id(text: &str, digits: usize) -> Option<u128> {
 }
 
 /// A guest's span context: its trace and span ids, if both are well formed.
-fn ids<T: 'static>(
-    store: &StoreContextMut<'_, T>,
+fn ids<T: OtelView>(
+    store: &mut StoreContextMut<'_, T>,
     context: &WireSpanContext,
 ) -> wasmtime::Result<Option<(TraceId, SpanId)>> {
     let trace = trace_id(store, &context.trace_id)?;

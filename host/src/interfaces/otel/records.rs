@@ -29,7 +29,7 @@ pub(super) fn on_emit<T: OtelView>(
         return Ok(());
     };
     let severity_text = match &record.severity_text {
-        Some(text) => lift::bounded_text(&InGuest::new(text, store), MAX_SEVERITY_TEXT)?,
+        Some(text) => lift::metered_text(&InGuest::new(text, store), MAX_SEVERITY_TEXT, &mut left)?,
         None => None,
     };
     let level = level(record.severity_number, severity_text.as_deref());

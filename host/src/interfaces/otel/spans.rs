@@ -221,7 +221,7 @@ fn events<T: 'static>(
 
 /// The span's links within `budget`: at most [`MAX_LINKS_PER_SPAN`], each to a well-formed
 /// span context; and how many were dropped.
-fn links<T: 'static>(
+fn links<T: OtelView>(
     store: &mut StoreContextMut<'_, T>,
     list: &WasmList<WireLink>,
     budget: &mut Allowance,
