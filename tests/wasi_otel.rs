@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 use support::jaeger::{Agent, Span, TagValue};
 use support::otlp::{Behaviour, Collector, ReceivedSpan};
-use support::prometheus::{scrape, value};
+use support::prometheus::{Sample, scrape, value};
 use support::{Host, client, get, guest_path, hostile_host};
 
 /// A host serving `guest` whose spans go to `agent` every 100 ms.
@@ -64,6 +64,15 @@ fn child<'a>(spans: &'a [Span], parent: &Span, name: &str) -> Option<&'a Span> {
             && span.trace_id == parent.trace_id
             && span.parent_span_id == parent.span_id
     })
+}
+
+/// What `guest_telemetry_dropped_total` counts for `signal` in a scrape.
+fn dropped(samples: &[Sample], signal: &str) -> f64 {
+    value(
+        samples,
+        "guest_telemetry_dropped_total",
+        &[("signal", signal)],
+    )
 }
 
 fn double_tag(span: &Span, key: &str) -> Option<f64> {
@@ -399,22 +408,8 @@ async fn malformed_spans_records_and_metrics_are_dropped_and_counted() {
         .collect();
     assert_eq!(guest_spans, ["valid"]);
     let samples = scrape(&host).await;
-    assert_eq!(
-        value(
-            &samples,
-            "guest_telemetry_dropped_total",
-            &[("signal", "span")]
-        ),
-        9.0
-    );
-    assert_eq!(
-        value(
-            &samples,
-            "guest_telemetry_dropped_total",
-            &[("signal", "metric")]
-        ),
-        2.0
-    );
+    assert_eq!(dropped(&samples, "span"), 9.0);
+    assert_eq!(dropped(&samples, "metric"), 2.0);
     // Records whose ids name no span of the request stay in the request's span.
     let records = host.log_lines_where(|line| line["message"] == "hostile record");
     assert_eq!(records.len(), 2);
@@ -457,17 +452,10 @@ async fn a_flood_through_wasi_otel_leaves_the_host_alive_bounded_and_counting() 
         .count();
     assert_eq!(repeated, 1, "one span id ends once");
     let samples = scrape(&host).await;
-    let dropped = |signal| {
-        value(
-            &samples,
-            "guest_telemetry_dropped_total",
-            &[("signal", signal)],
-        )
-    };
-    assert_eq!(dropped("span"), 999_999.0);
-    assert_eq!(dropped("log"), 1_000_000.0 - 256.0);
-    assert_eq!(dropped("metric"), 100_000.0 - 255.0);
-    assert!(dropped("attribute") > 99_000.0);
+    assert_eq!(dropped(&samples, "span"), 999_999.0);
+    assert_eq!(dropped(&samples, "log"), 1_000_000.0 - 256.0);
+    assert_eq!(dropped(&samples, "metric"), 100_000.0 - 255.0);
+    assert!(dropped(&samples, "attribute") > 99_000.0);
     let records = host.log_lines_where(|line| line["message"] == "hostile record");
     assert_eq!(records.len(), 256);
     assert!(host.is_running());
@@ -483,17 +471,13 @@ async fn ids_names_and_severity_texts_past_their_limits_are_read_once_per_reques
     assert_eq!(status, 200, "{body} after {:?}", started.elapsed());
     assert_eq!(get(&host, "/api/health").await.0, 200);
     let samples = scrape(&host).await;
-    let dropped = |signal| {
-        value(
-            &samples,
-            "guest_telemetry_dropped_total",
-            &[("signal", signal)],
-        )
-    };
     assert_eq!(
-        dropped("span"),
+        dropped(&samples, "span"),
         8_000.0,
         "every span, its ids unread or refused"
     );
-    assert!(dropped("metric") >= 1.0, "the long-named metric is dropped");
+    assert!(
+        dropped(&samples, "metric") >= 1.0,
+        "the long-named metric is dropped"
+    );
 }
