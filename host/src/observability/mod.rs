@@ -6,6 +6,7 @@
 //! - [`settings`]: the log and export settings, the OpenTelemetry SDK's variables among them;
 //! - [`request_span`]: each request's server span and what its answer records on it;
 //! - [`logs`]: the JSON log line format;
+//! - [`log_writer`]: the lines' way to stdout and the log file, batched by one thread;
 //! - [`metrics`]: every instrument, and the `/metrics` page;
 //! - [`routes`]: the route templates guests name, a bounded set of labels per guest;
 //! - [`cost`]: what each request's instance cost (time, memory, host calls), for its span and
@@ -13,6 +14,7 @@
 
 pub mod cost;
 pub mod jaeger_agent;
+pub mod log_writer;
 pub mod logs;
 pub mod metrics;
 pub mod otlp;

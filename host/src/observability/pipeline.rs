@@ -1,15 +1,16 @@
 //! Telemetry set-up: the one place that installs the log writers and the exporters of all
 //! three signals, and flushes them at shutdown.
 //!
-//! Log lines go, as JSON, to stdout and to the log file through non-blocking writers, and, when
-//! `OTEL_LOGS_EXPORTER` says so, to an OTLP collector as log records. Spans go to a Jaeger agent
-//! over UDP or to an OTLP collector (`OTEL_TRACES_EXPORTER`). The metrics are served at
+//! Log lines go, as JSON, to stdout and to the log file through one batching writer thread
+//! ([`log_writer`]), and, when `OTEL_LOGS_EXPORTER` says so, to an OTLP collector as log
+//! records. Spans go to a Jaeger agent over UDP or to an OTLP collector
+//! (`OTEL_TRACES_EXPORTER`). The metrics are served at
 //! `/metrics` and, when `OTEL_METRICS_EXPORTER` says so, pushed to an OTLP collector. Every
 //! export is batched on a thread of the SDK's, off the request path, from a bounded queue, one
 //! export at a time, each given up at its timeout. `RUST_LOG` filters the logs only: spans are
 //! exported whatever the log level.
 
-use std::io::{BufWriter, Write};
+use std::io::Write;
 use std::path::Path;
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
@@ -28,15 +29,14 @@ use opentelemetry_sdk::trace::span_processor_with_async_runtime::BatchSpanProces
 use opentelemetry_sdk::trace::{
     BatchConfigBuilder, SdkTracerProvider, Span, SpanData, SpanProcessor,
 };
-use tracing_appender::non_blocking::WorkerGuard;
 use tracing_subscriber::Layer;
 use tracing_subscriber::filter::{EnvFilter, FilterExt, filter_fn};
-use tracing_subscriber::fmt::writer::MakeWriterExt;
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 
 use crate::observability::jaeger_agent::{AgentExporter, HOST_TRACER};
-use crate::observability::logs::{JsonFieldSets, JsonLines};
+use crate::observability::log_writer::{self, LogWriterGuard, MAX_PENDING_BYTES};
+use crate::observability::logs::{JsonLines, JsonMembers};
 use crate::observability::metrics::Metrics;
 use crate::observability::otlp::{self, Reported};
 use crate::observability::settings::{DEFAULT_LOG_FILTER, SpanExport, TelemetrySettings};
@@ -104,7 +104,7 @@ pub struct Telemetry {
     tracer: Option<SdkTracerProvider>,
     meter: SdkMeterProvider,
     logger: Option<SdkLoggerProvider>,
-    _log_writers: Vec<WorkerGuard>,
+    _log_writer: LogWriterGuard,
 }
 
 impl Telemetry {
@@ -157,15 +157,17 @@ impl Drop for Telemetry {
 /// file that cannot be opened or an exporter that cannot start is one warning, and the service
 /// runs on. Must run inside the tokio runtime (the OTLP exporters' connections live there).
 pub fn init(settings: &TelemetrySettings) -> Telemetry {
-    // Buffered behind the non-blocking channel: its worker flushes whenever the channel runs
-    // dry, so a burst of lines is one write, not one system call per line.
-    let (stdout, stdout_guard) = tracing_appender::non_blocking(BufWriter::new(std::io::stdout()));
-    let (file_target, file_error): (Box<dyn Write + Send>, _) =
-        match open_append(&settings.log_file) {
-            Ok(file) => (Box::new(BufWriter::new(file)), None),
-            Err(error) => (Box::new(std::io::sink()), Some(error)),
-        };
-    let (file, file_guard) = tracing_appender::non_blocking(file_target);
+    let mut log_targets: Vec<Box<dyn Write + Send>> = vec![Box::new(std::io::stdout())];
+    let file_error = match open_append(&settings.log_file) {
+        Ok(file) => {
+            log_targets.push(Box::new(file));
+            None
+        }
+        Err(error) => Some(error),
+    };
+    // A process that cannot start one thread has already failed to start its runtime.
+    let (log_lines, log_writer) =
+        log_writer::start(log_targets, MAX_PENDING_BYTES).expect("the log writer's thread starts");
     let log_level = || {
         EnvFilter::try_new(&settings.log_filter)
             .unwrap_or_else(|_| EnvFilter::new(DEFAULT_LOG_FILTER))
@@ -179,8 +181,8 @@ pub fn init(settings: &TelemetrySettings) -> Telemetry {
     };
     let logs = tracing_subscriber::fmt::layer()
         .event_format(JsonLines)
-        .fmt_fields(JsonFieldSets)
-        .with_writer(stdout.and(file))
+        .fmt_fields(JsonMembers)
+        .with_writer(log_lines)
         .with_filter(log_level().or(info_spans()));
 
     opentelemetry::global::set_text_map_propagator(TraceContextPropagator::new());
@@ -267,7 +269,7 @@ pub fn init(settings: &TelemetrySettings) -> Telemetry {
         tracer,
         meter,
         logger,
-        _log_writers: vec![stdout_guard, file_guard],
+        _log_writer: log_writer,
     }
 }
 
