@@ -7,6 +7,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
+use opentelemetry::KeyValue;
+use opentelemetry::trace::TraceContextExt;
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 
 use crate::observability::metrics::Metrics;
@@ -39,6 +41,15 @@ impl HostInterface {
             HostInterface::Users => "users",
             HostInterface::Telemetry => "telemetry",
             HostInterface::Otel => "otel",
+        }
+    }
+
+    /// The span attribute with its calls: `wasm.host_calls.<name>`.
+    pub fn span_attribute(self) -> &'static str {
+        match self {
+            HostInterface::Users => "wasm.host_calls.users",
+            HostInterface::Telemetry => "wasm.host_calls.telemetry",
+            HostInterface::Otel => "wasm.host_calls.otel",
         }
     }
 }
@@ -130,21 +141,25 @@ impl Drop for CostReport {
     /// interface never called gets no attribute (the span must still fit 128 to a datagram).
     fn drop(&mut self) {
         let reading = self.cost.read();
-        let span = &self.span;
-        span.set_attribute(
-            "wasm.instantiation.duration",
-            reading.instantiation.as_secs_f64(),
-        );
-        span.set_attribute("wasm.run.duration", reading.running.as_secs_f64());
         let memory_peak = i64::try_from(reading.memory_peak).unwrap_or(i64::MAX);
-        span.set_attribute("wasm.memory.peak", memory_peak);
         let host_calls = HostInterface::ALL
             .map(|interface| (interface.name(), reading.host_calls[interface as usize]));
-        for (interface, calls) in host_calls {
+        let mut attributes = vec![
+            KeyValue::new(
+                "wasm.instantiation.duration",
+                reading.instantiation.as_secs_f64(),
+            ),
+            KeyValue::new("wasm.run.duration", reading.running.as_secs_f64()),
+            KeyValue::new("wasm.memory.peak", memory_peak),
+        ];
+        for interface in HostInterface::ALL {
+            let calls = reading.host_calls[interface as usize];
             if calls > 0 {
-                span.set_attribute(format!("wasm.host_calls.{interface}"), i64::from(calls));
+                attributes.push(KeyValue::new(interface.span_attribute(), i64::from(calls)));
             }
         }
+        // One look-up of the OpenTelemetry span for all of them.
+        self.span.context().span().set_attributes(attributes);
         let (route, _) = self.route.answer();
         self.metrics.observe_instance_cost(
             &route,
@@ -175,6 +190,16 @@ pub async fn timed<F: Future>(inner: F, cost: &RequestCost) -> F::Output {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn each_interfaces_span_attribute_is_wasm_host_calls_and_its_name() {
+        for interface in HostInterface::ALL {
+            assert_eq!(
+                interface.span_attribute(),
+                format!("wasm.host_calls.{}", interface.name())
+            );
+        }
+    }
 
     #[test]
     fn memory_peak_is_the_sum_of_every_growth_and_calls_are_counted_per_interface() {

@@ -65,8 +65,9 @@ struct MemberWriter<'writer> {
 
 impl MemberWriter<'_> {
     fn member(&mut self, field: &Field, value: impl fmt::Display) {
-        if self.result.is_ok() {
-            // Field names are Rust identifiers, dotted at most: nothing in them needs escaping.
+        // Field names are fixed in the code, dotted identifiers: one that would need escaping
+        // (none does) is left out rather than break the member it starts.
+        if self.result.is_ok() && !needs_escaping(field.name()) {
             self.result = writeln!(self.writer, "\"{}\":{value}", field.name());
         }
     }
@@ -91,6 +92,12 @@ impl Visit for MemberWriter<'_> {
     fn record_debug(&mut self, field: &Field, value: &dyn fmt::Debug) {
         self.member(field, json_string(&format!("{value:?}")));
     }
+}
+
+/// Whether `text` holds a character a JSON string must escape.
+fn needs_escaping(text: &str) -> bool {
+    text.bytes()
+        .any(|byte| byte < b' ' || byte == b'"' || byte == b'\\')
 }
 
 /// `text` as a JSON string, quoted and escaped.
@@ -152,7 +159,9 @@ where
 
 /// The name and the JSON value of one member line stored by [`JsonMembers`].
 fn member(line: &str) -> Option<(&str, &str)> {
-    line.strip_prefix('"')?.split_once("\":")
+    // The name holds no quote (see `MemberWriter::member`): the first one closes it.
+    let (name, value) = line.strip_prefix('"')?.split_once('"')?;
+    Some((name, value.strip_prefix(':')?))
 }
 
 /// A level as the line's JSON value, upper case.
@@ -195,14 +204,15 @@ impl<'a> Line<'a> {
             if index > 0 {
                 writer.write_char(',')?;
             }
-            if key
-                .bytes()
-                .all(|byte| byte >= b' ' && byte != b'"' && byte != b'\\')
-            {
-                write!(writer, "\"{key}\":{value}")?;
+            if !needs_escaping(key) {
+                writer.write_char('"')?;
+                writer.write_str(key)?;
+                writer.write_char('"')?;
             } else {
-                write!(writer, "{}:{value}", json_string(key))?;
+                writer.write_str(&json_string(key))?;
             }
+            writer.write_char(':')?;
+            writer.write_str(value)?;
         }
         writer.write_str("}\n")
     }
