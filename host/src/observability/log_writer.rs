@@ -1,98 +1,130 @@
-//! The log lines' way out: appended to one bounded buffer in memory, and written to stdout and
-//! the log file by one thread, in batches.
+//! The log lines' way out: appended to a bounded buffer in memory per output (stdout, the log
+//! file), each written by a thread of its own, in batches.
 //!
-//! Why not a `tracing_appender::non_blocking` writer per target: each line then goes through a
-//! channel to a thread that wakes for it, writes it with a system call of its own and sleeps
-//! again; under load that was two wake-ups and two writes for each request's line, a visible
-//! share of the host's CPU (bench/PROFILE.md). Here the first line into an empty buffer wakes
-//! the writer, which lets the burst gather for [`LINGER`] and then writes all of it at once, to
-//! each target in turn.
+//! Why not a `tracing_appender::non_blocking` writer per output: each line then goes through a
+//! channel to a thread that wakes for it and writes it with a system call of its own; under
+//! load that was two wake-ups and two writes for each request's line. Here the first line into
+//! an empty buffer wakes the output's thread, which lets the burst gather for [`LINGER`] and
+//! then writes all of it at once. An output that stalls (a pipe nobody reads, a disk that hangs)
+//! holds up only its own thread, loses only its own lines past [`MAX_PENDING_BYTES`], and
+//! delays the exit by at most [`EXIT_DEADLINE`].
 
 use std::io::{self, Write};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
-use std::thread::JoinHandle;
+use std::sync::mpsc;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use tracing_subscriber::fmt::MakeWriter;
 
-/// Bytes of log lines waiting to be written, at most: past it a line is dropped and counted
-/// (about 40,000 request lines, two seconds of the host's full load), so a stalled disk or a
-/// stdout nobody reads costs memory only up to here.
+/// Bytes of log lines waiting for one output, at most (about 40,000 request lines, two seconds
+/// of the host's full load): past it a line is dropped for that output and counted, so an
+/// output that stalls costs at most this much memory, and as much again for the batch its
+/// thread is stuck writing.
 pub const MAX_PENDING_BYTES: usize = 16 << 20;
 
-/// How long the writer lets lines gather once the first of a batch came: the most a line waits
-/// to be written, beside the write itself.
+/// How long an output's thread lets lines gather once the first of a batch came: the most a
+/// line waits to be written, beside the write itself.
 pub const LINGER: Duration = Duration::from_millis(2);
 
-/// Capacity the writer's batch buffer keeps between batches; a larger one, left by a burst, is
+/// How long the exit waits for the outputs to write what is pending; an output still stuck
+/// then is left behind.
+pub const EXIT_DEADLINE: Duration = Duration::from_secs(1);
+
+/// Capacity a thread's batch buffer keeps between batches; a larger one, left by a burst, is
 /// given back.
 const KEPT_BATCH_CAPACITY: usize = 1 << 20;
 
-/// Where the log layer writes: each line is appended to the pending buffer, whole, or dropped
-/// whole when the buffer is full.
+/// Where the log layer writes: each line is appended, whole, to every output's buffer, or
+/// dropped whole for an output whose buffer is full. Clones write to the same outputs.
+#[derive(Clone)]
 pub struct LogWriter {
-    shared: Arc<Shared>,
+    outputs: Vec<Arc<Output>>,
 }
 
-/// Owns the writer thread: dropping it writes what is pending and stops the thread.
+/// Owns the outputs' threads: dropping it has them write what is pending and stop, waiting at
+/// most [`EXIT_DEADLINE`].
 #[must_use = "dropping the guard stops the log writer"]
 pub struct LogWriterGuard {
-    shared: Arc<Shared>,
-    thread: Option<JoinHandle<()>>,
+    outputs: Vec<Arc<Output>>,
+    /// Disconnected once every output's thread has ended.
+    finished: mpsc::Receiver<()>,
 }
 
-struct Shared {
+/// One output: its pending lines and what its thread is told.
+struct Output {
+    name: &'static str,
     pending: Mutex<Pending>,
     /// Signalled when a line lands in an empty buffer, and at close.
     ready: Condvar,
     max_pending: usize,
-    /// Lines dropped since the writer started.
+    /// Lines dropped since the output's thread started.
     dropped_total: AtomicU64,
 }
 
 struct Pending {
     lines: Vec<u8>,
-    /// Lines dropped since the writer last said so.
+    /// Lines dropped since the thread last said so.
     dropped: u64,
     closing: bool,
 }
 
-/// Starts the writer thread for `targets`, with at most `max_pending` bytes waiting.
+/// Starts a thread for each named output, with at most `max_pending` bytes waiting for each.
 pub fn start(
-    targets: Vec<Box<dyn Write + Send>>,
+    outputs: Vec<(&'static str, Box<dyn Write + Send>)>,
     max_pending: usize,
 ) -> io::Result<(LogWriter, LogWriterGuard)> {
-    let shared = Arc::new(Shared {
-        pending: Mutex::new(Pending {
-            lines: Vec::new(),
-            dropped: 0,
-            closing: false,
-        }),
-        ready: Condvar::new(),
-        max_pending,
-        dropped_total: AtomicU64::new(0),
-    });
-    let thread = std::thread::Builder::new()
-        .name("log-writer".into())
-        .spawn({
-            let shared = Arc::clone(&shared);
-            move || write_batches(&shared, targets)
-        })?;
+    let (done, finished) = mpsc::channel::<()>();
+    let mut shared = Vec::new();
+    for (name, target) in outputs {
+        let output = Arc::new(Output {
+            name,
+            pending: Mutex::new(Pending {
+                lines: Vec::new(),
+                dropped: 0,
+                closing: false,
+            }),
+            ready: Condvar::new(),
+            max_pending,
+            dropped_total: AtomicU64::new(0),
+        });
+        std::thread::Builder::new()
+            .name(format!("log-{name}"))
+            .spawn({
+                let output = Arc::clone(&output);
+                let done = done.clone();
+                move || {
+                    write_batches(&output, target);
+                    drop(done);
+                }
+            })?;
+        shared.push(output);
+    }
     let writer = LogWriter {
-        shared: Arc::clone(&shared),
+        outputs: shared.clone(),
     };
     let guard = LogWriterGuard {
-        shared,
-        thread: Some(thread),
+        outputs: shared,
+        finished,
     };
     Ok((writer, guard))
 }
 
 impl LogWriter {
-    /// Lines dropped because the buffer was full, since the writer started.
+    /// Lines each output dropped because its buffer was full, since the writer started.
+    pub fn dropped_by_output(&self) -> Vec<(&'static str, u64)> {
+        self.outputs
+            .iter()
+            .map(|output| (output.name, output.dropped_total.load(Ordering::Relaxed)))
+            .collect()
+    }
+
+    /// Lines dropped for any output, since the writer started.
     pub fn dropped_lines(&self) -> u64 {
-        self.shared.dropped_total.load(Ordering::Relaxed)
+        self.dropped_by_output()
+            .iter()
+            .map(|(_, lines)| lines)
+            .sum()
     }
 }
 
@@ -107,18 +139,8 @@ impl<'a> MakeWriter<'a> for LogWriter {
 // The log layer writes each formatted line with one `write_all`: a line is one `write`.
 impl Write for &LogWriter {
     fn write(&mut self, line: &[u8]) -> io::Result<usize> {
-        let shared = &self.shared;
-        let mut pending = shared.lock();
-        if pending.lines.len() + line.len() > shared.max_pending {
-            pending.dropped += 1;
-            shared.dropped_total.fetch_add(1, Ordering::Relaxed);
-            return Ok(line.len());
-        }
-        let first = pending.lines.is_empty();
-        pending.lines.extend_from_slice(line);
-        drop(pending);
-        if first {
-            shared.ready.notify_one();
+        for output in &self.outputs {
+            output.append(line);
         }
         Ok(line.len())
     }
@@ -128,75 +150,105 @@ impl Write for &LogWriter {
     }
 }
 
-impl Shared {
+impl Output {
     fn lock(&self) -> MutexGuard<'_, Pending> {
         // A panic while holding the lock leaves only bytes in a buffer: still usable.
-        self.pending
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+        self.pending.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Appends `line` whole if it fits within `max_pending`; counts it dropped otherwise.
+    fn append(&self, line: &[u8]) {
+        let mut pending = self.lock();
+        let needed = pending.lines.len() + line.len();
+        if needed > self.max_pending {
+            pending.dropped += 1;
+            self.dropped_total.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        if needed > pending.lines.capacity() {
+            // Grown by doubling, but never past the limit.
+            let capacity = (pending.lines.capacity() * 2).clamp(needed, self.max_pending);
+            let additional = capacity - pending.lines.len();
+            pending.lines.reserve_exact(additional);
+        }
+        let first = pending.lines.is_empty();
+        pending.lines.extend_from_slice(line);
+        drop(pending);
+        if first {
+            self.ready.notify_one();
+        }
     }
 }
 
-/// The writer thread: waits for a first line, lets more gather, writes them all to every
-/// target, until the guard closes the buffer and it is empty.
-fn write_batches(shared: &Shared, mut targets: Vec<Box<dyn Write + Send>>) {
+/// An output's thread: waits for a first line, lets more gather, writes them all, until the
+/// guard closes the buffer; then writes what is pending once more and ends.
+fn write_batches(output: &Output, mut target: Box<dyn Write + Send>) {
     let mut batch = Vec::new();
+    // Whether the last write failed, maybe halfway through a line: the next batch then starts
+    // on a line of its own.
+    let mut cut = false;
     loop {
-        let mut pending = shared.lock();
+        let mut pending = output.lock();
         while pending.lines.is_empty() && !pending.closing {
-            pending = shared
+            pending = output
                 .ready
                 .wait(pending)
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
+                .unwrap_or_else(PoisonError::into_inner);
         }
         if !pending.closing {
             drop(pending);
             std::thread::sleep(LINGER);
-            pending = shared.lock();
+            pending = output.lock();
         }
         std::mem::swap(&mut pending.lines, &mut batch);
         let dropped = std::mem::take(&mut pending.dropped);
-        let done = pending.closing && batch.is_empty();
+        let closing = pending.closing;
         drop(pending);
-        if done {
-            break;
-        }
-        // A target that fails (a closed stdout, a full disk) loses this batch; the others
-        // still get it.
-        for target in &mut targets {
-            let _ = target.write_all(&batch).and_then(|()| target.flush());
+        if !batch.is_empty() {
+            let newline: &[u8] = if cut { b"\n" } else { b"" };
+            cut = target
+                .write_all(newline)
+                .and_then(|()| target.write_all(&batch))
+                .and_then(|()| target.flush())
+                .is_err();
         }
         batch.clear();
         if batch.capacity() > KEPT_BATCH_CAPACITY {
             batch = Vec::new();
         }
         if dropped > 0 {
-            // Written through the log layer like any line, into the next batch.
+            // Through the log layer like any line, so into the next batch of every output.
             tracing::warn!(
                 dropped,
-                "log lines were dropped: they came faster than stdout and the log file took them"
+                output = output.name,
+                "log lines were dropped: they came faster than this output took them"
             );
+        }
+        if closing {
+            break;
         }
     }
 }
 
 impl Drop for LogWriterGuard {
     fn drop(&mut self) {
-        self.shared.lock().closing = true;
-        self.shared.ready.notify_one();
-        if let Some(thread) = self.thread.take() {
-            let _ = thread.join();
+        for output in &self.outputs {
+            output.lock().closing = true;
+            output.ready.notify_one();
         }
+        // Every thread's sender dropped: all have written what was pending. An output still
+        // stuck in a write past the deadline is left to the process's exit.
+        let _ = self.finished.recv_timeout(EXIT_DEADLINE);
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use std::sync::mpsc;
+    use std::time::Instant;
 
     use super::*;
 
-    /// A target that hands every write to the test, and may be told to hold writes back.
+    /// An output that hands every write to the test, and may be told to hold writes back.
     struct Recorder {
         written: Arc<Mutex<Vec<u8>>>,
         writes: Arc<AtomicU64>,
@@ -217,9 +269,12 @@ mod tests {
         }
     }
 
-    fn recorder(
-        gate: Option<mpsc::Receiver<()>>,
-    ) -> (Recorder, Arc<Mutex<Vec<u8>>>, Arc<AtomicU64>) {
+    struct Recorded {
+        written: Arc<Mutex<Vec<u8>>>,
+        writes: Arc<AtomicU64>,
+    }
+
+    fn recorder(gate: Option<mpsc::Receiver<()>>) -> (Box<dyn Write + Send>, Recorded) {
         let written = Arc::new(Mutex::new(Vec::new()));
         let writes = Arc::new(AtomicU64::new(0));
         let target = Recorder {
@@ -227,49 +282,134 @@ mod tests {
             writes: Arc::clone(&writes),
             gate,
         };
-        (target, written, writes)
+        (Box::new(target), Recorded { written, writes })
     }
 
     #[test]
-    fn every_line_reaches_every_target_whole_and_in_order_in_few_writes() {
-        let (stdout, to_stdout, stdout_writes) = recorder(None);
-        let (file, to_file, _) = recorder(None);
-        let (writer, guard) = start(vec![Box::new(stdout), Box::new(file)], 1 << 20).unwrap();
-        let lines: Vec<String> = (0..1000).map(|n| format!("{{\"n\":{n}}}\n")).collect();
-        for line in &lines {
-            (&writer).write_all(line.as_bytes()).unwrap();
+    fn every_line_reaches_every_output_whole_in_few_writes() {
+        let (stdout, to_stdout) = recorder(None);
+        let (file, to_file) = recorder(None);
+        let (writer, guard) = start(vec![("stdout", stdout), ("file", file)], 1 << 20).unwrap();
+        let writer = Arc::new(writer);
+        let producers: Vec<_> = (0..4)
+            .map(|thread| {
+                let writer = Arc::clone(&writer);
+                std::thread::spawn(move || {
+                    for n in 0..500 {
+                        let line = format!("{{\"thread\":{thread},\"n\":{n}}}\n");
+                        (&*writer).write_all(line.as_bytes()).unwrap();
+                    }
+                })
+            })
+            .collect();
+        for producer in producers {
+            producer.join().unwrap();
         }
         drop(guard);
-        let expected = lines.concat().into_bytes();
-        assert_eq!(*to_stdout.lock().unwrap(), expected);
-        assert_eq!(*to_file.lock().unwrap(), expected);
-        assert!(
-            stdout_writes.load(Ordering::Relaxed) < 100,
-            "1,000 lines in {} writes",
-            stdout_writes.load(Ordering::Relaxed)
-        );
+        for recorded in [&to_stdout, &to_file] {
+            let written = String::from_utf8(recorded.written.lock().unwrap().clone()).unwrap();
+            let seen: Vec<(u64, u64)> = written
+                .lines()
+                .map(|line| {
+                    let line: serde_json::Value = serde_json::from_str(line).unwrap();
+                    (
+                        line["thread"].as_u64().unwrap(),
+                        line["n"].as_u64().unwrap(),
+                    )
+                })
+                .collect();
+            // Each producer's lines in its own order, none lost, none twice.
+            for thread in 0..4 {
+                let own: Vec<u64> = seen
+                    .iter()
+                    .filter(|(from, _)| *from == thread)
+                    .map(|(_, n)| *n)
+                    .collect();
+                assert_eq!(own, (0..500).collect::<Vec<_>>());
+            }
+            assert_eq!(seen.len(), 2000);
+        }
+        let writes = to_stdout.writes.load(Ordering::Relaxed);
+        assert!(writes < 1000, "2,000 lines in {writes} writes");
         assert_eq!(writer.dropped_lines(), 0);
     }
 
     #[test]
     fn lines_past_the_pending_limit_are_dropped_whole_and_counted() {
         let (open_gate, gate) = mpsc::channel();
-        let (target, written, _) = recorder(Some(gate));
-        let (writer, guard) = start(vec![Box::new(target)], 1000).unwrap();
-        // The first line is taken by the writer, which then waits at the closed gate.
+        let (stalled, to_stalled) = recorder(Some(gate));
+        let (writer, guard) = start(vec![("stalled", stalled)], 1050).unwrap();
+        // The first line is taken by the output's thread, which then waits at the gate.
         (&writer).write_all(&[b'a'; 99]).unwrap();
-        while !writer.shared.lock().lines.is_empty() {
+        while !writer.outputs[0].lock().lines.is_empty() {
             std::thread::sleep(Duration::from_millis(1));
         }
         for _ in 0..30 {
             (&writer).write_all(&[b'b'; 100]).unwrap();
         }
-        assert_eq!(writer.shared.lock().lines.len(), 1000, "ten lines wait");
+        let pending = writer.outputs[0].lock().lines.len();
+        assert_eq!(
+            pending, 1000,
+            "ten whole lines wait, no part of an eleventh"
+        );
+        assert!(writer.outputs[0].lock().lines.capacity() <= 1050);
         assert_eq!(writer.dropped_lines(), 20);
         drop(open_gate);
         drop(guard);
-        let written = written.lock().unwrap();
-        assert_eq!(written.len(), 99 + 1000);
-        assert!(written[99..].iter().all(|byte| *byte == b'b'));
+        let stalled = to_stalled.written.lock().unwrap();
+        assert_eq!(stalled.len(), 99 + 1000);
+        assert!(stalled[99..].iter().all(|byte| *byte == b'b'));
+    }
+
+    #[test]
+    fn an_output_stuck_in_a_write_costs_the_others_nothing_and_the_exit_the_deadline_at_most() {
+        let (_never_opened, gate) = mpsc::channel();
+        let (stuck, _) = recorder(Some(gate));
+        let (file, to_file) = recorder(None);
+        let (writer, guard) = start(vec![("stuck", stuck), ("file", file)], 1 << 20).unwrap();
+        (&writer).write_all(b"{\"n\":1}\n").unwrap();
+        let started = Instant::now();
+        drop(guard);
+        assert!(started.elapsed() < EXIT_DEADLINE + Duration::from_millis(500));
+        assert_eq!(*to_file.written.lock().unwrap(), b"{\"n\":1}\n");
+    }
+
+    /// An output whose writes fail once, halfway through.
+    struct FailsOnce {
+        failed: bool,
+        written: Arc<Mutex<Vec<u8>>>,
+    }
+
+    impl Write for FailsOnce {
+        fn write(&mut self, bytes: &[u8]) -> io::Result<usize> {
+            if !self.failed && bytes.len() > 4 {
+                self.failed = true;
+                self.written.lock().unwrap().extend_from_slice(&bytes[..4]);
+                return Err(io::Error::other("disk full"));
+            }
+            self.written.lock().unwrap().extend_from_slice(bytes);
+            Ok(bytes.len())
+        }
+        fn flush(&mut self) -> io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn after_a_write_cut_short_the_next_line_starts_on_a_line_of_its_own() {
+        let written = Arc::new(Mutex::new(Vec::new()));
+        let output = FailsOnce {
+            failed: false,
+            written: Arc::clone(&written),
+        };
+        let (writer, guard) = start(vec![("file", Box::new(output))], 1 << 20).unwrap();
+        (&writer).write_all(b"{\"n\":1}\n").unwrap();
+        while written.lock().unwrap().is_empty() {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        (&writer).write_all(b"{\"n\":2}\n").unwrap();
+        drop(guard);
+        let written = String::from_utf8(written.lock().unwrap().clone()).unwrap();
+        assert_eq!(written, "{\"n\"\n{\"n\":2}\n");
     }
 }

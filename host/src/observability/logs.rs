@@ -300,7 +300,9 @@ mod tests {
         }
     }
 
-    /// The lines `run` logs through a layer set up as the host sets up its own.
+    /// The lines `run` logs through a layer set up as the host sets up its own. Each must be one
+    /// JSON object exactly as serde_json writes it (keys sorted, each once, nothing between
+    /// tokens): a key written twice would read back as one, and the line would differ.
     fn lines_logged_by(run: impl FnOnce()) -> Vec<Map<String, Value>> {
         let buffer = SharedBuffer::default();
         let writer = buffer.clone();
@@ -315,7 +317,12 @@ mod tests {
         String::from_utf8(bytes)
             .unwrap()
             .lines()
-            .map(|line| serde_json::from_str(line).expect("each line is one JSON object"))
+            .map(|line| {
+                let object: Map<String, Value> =
+                    serde_json::from_str(line).expect("each line is one JSON object");
+                assert_eq!(Value::Object(object.clone()).to_string(), line);
+                object
+            })
             .collect()
     }
 

@@ -138,7 +138,7 @@ enum GuestInstrument {
 /// The host's instruments, and the registry `/metrics` is rendered from.
 pub struct Metrics {
     /// Kept for as long as the instruments: dropping the last copy shuts the readers down.
-    _provider: SdkMeterProvider,
+    provider: SdkMeterProvider,
     registry: Registry,
     /// Where the guests' instruments are made.
     meter: Meter,
@@ -210,7 +210,7 @@ impl Metrics {
                 .build()
         };
         let metrics = Metrics {
-            _provider: provider,
+            provider,
             registry,
             meter: meter.clone(),
             guest_instruments: Mutex::default(),
@@ -506,6 +506,27 @@ impl Metrics {
         }
     }
 
+    /// Counts the log lines each output (stdout, the log file) dropped because it did not take
+    /// them fast enough, `log_lines_dropped_total{output}`, as `dropped` tells at each collection.
+    pub fn observe_dropped_log_lines(
+        &self,
+        dropped: impl Fn() -> Vec<(&'static str, u64)> + Send + Sync + 'static,
+    ) {
+        // The callback stays registered with the meter; the handle need not be kept.
+        self.provider
+            .meter("host")
+            .u64_observable_counter("log_lines_dropped_total")
+            .with_description(
+                "Log lines dropped because an output (stdout, the log file) did not take them fast enough",
+            )
+            .with_callback(move |observer| {
+                for (output, lines) in dropped() {
+                    observer.observe(lines, &[KeyValue::new("output", output)]);
+                }
+            })
+            .build();
+    }
+
     /// Every metric in the Prometheus text exposition format, with `users_stored` set to
     /// `users_stored` (read from the store at scrape time, so it is never stale). `None` (the
     /// store could not tell) keeps the last value.
@@ -610,6 +631,21 @@ fn method_label(method: &http::Method) -> &'static str {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn each_outputs_dropped_log_lines_are_on_the_page() {
+        let metrics = Metrics::new();
+        metrics.observe_dropped_log_lines(|| vec![("stdout", 0), ("file", 3)]);
+        let page = metrics.render(None);
+        assert!(
+            page.contains("log_lines_dropped_total{output=\"file\"} 3\n"),
+            "{page}"
+        );
+        assert!(
+            page.contains("log_lines_dropped_total{output=\"stdout\"} 0\n"),
+            "{page}"
+        );
+    }
 
     #[test]
     fn a_guest_metric_name_is_an_instrument_name_not_ending_as_histogram_series_do() {

@@ -157,17 +157,18 @@ impl Drop for Telemetry {
 /// file that cannot be opened or an exporter that cannot start is one warning, and the service
 /// runs on. Must run inside the tokio runtime (the OTLP exporters' connections live there).
 pub fn init(settings: &TelemetrySettings) -> Telemetry {
-    let mut log_targets: Vec<Box<dyn Write + Send>> = vec![Box::new(std::io::stdout())];
+    let mut log_outputs: Vec<(&str, Box<dyn Write + Send>)> =
+        vec![("stdout", Box::new(std::io::stdout()))];
     let file_error = match open_append(&settings.log_file) {
         Ok(file) => {
-            log_targets.push(Box::new(file));
+            log_outputs.push(("file", Box::new(file)));
             None
         }
         Err(error) => Some(error),
     };
     // A process that cannot start one thread has already failed to start its runtime.
     let (log_lines, log_writer) =
-        log_writer::start(log_targets, MAX_PENDING_BYTES).expect("the log writer's thread starts");
+        log_writer::start(log_outputs, MAX_PENDING_BYTES).expect("the log writer's thread starts");
     let log_level = || {
         EnvFilter::try_new(&settings.log_filter)
             .unwrap_or_else(|_| EnvFilter::new(DEFAULT_LOG_FILTER))
@@ -182,7 +183,7 @@ pub fn init(settings: &TelemetrySettings) -> Telemetry {
     let logs = tracing_subscriber::fmt::layer()
         .event_format(JsonLines)
         .fmt_fields(JsonMembers)
-        .with_writer(log_lines)
+        .with_writer(log_lines.clone())
         .with_filter(log_level().or(info_spans()));
 
     opentelemetry::global::set_text_map_propagator(TraceContextPropagator::new());
@@ -232,6 +233,7 @@ pub fn init(settings: &TelemetrySettings) -> Telemetry {
         .flatten();
     let metric_push_interval = metric_reader.as_ref().map(|_| settings.metric_interval);
     let (metrics, meter) = Metrics::exported(resource, metric_reader);
+    metrics.observe_dropped_log_lines(move || log_lines.dropped_by_output());
     tracing_subscriber::registry()
         .with(logs)
         .with(spans)
