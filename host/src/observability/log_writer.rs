@@ -305,7 +305,12 @@ mod tests {
         for producer in producers {
             producer.join().unwrap();
         }
+        let closing = Instant::now();
         drop(guard);
+        assert!(
+            closing.elapsed() < EXIT_DEADLINE / 2,
+            "outputs that keep up end at once, not at the deadline"
+        );
         for recorded in [&to_stdout, &to_file] {
             let written = String::from_utf8(recorded.written.lock().unwrap().clone()).unwrap();
             let seen: Vec<(u64, u64)> = written
