@@ -118,14 +118,6 @@ impl LogWriter {
             .map(|output| (output.name, output.dropped_total.load(Ordering::Relaxed)))
             .collect()
     }
-
-    /// Lines dropped for any output, since the writer started.
-    pub fn dropped_lines(&self) -> u64 {
-        self.dropped_by_output()
-            .iter()
-            .map(|(_, lines)| lines)
-            .sum()
-    }
 }
 
 impl<'a> MakeWriter<'a> for LogWriter {
@@ -248,6 +240,15 @@ mod tests {
 
     use super::*;
 
+    /// Lines dropped for any output, since the writer started.
+    fn dropped_lines(writer: &LogWriter) -> u64 {
+        writer
+            .dropped_by_output()
+            .iter()
+            .map(|(_, lines)| lines)
+            .sum()
+    }
+
     /// An output that hands every write to the test, and may be told to hold writes back.
     struct Recorder {
         written: Arc<Mutex<Vec<u8>>>,
@@ -336,7 +337,7 @@ mod tests {
         }
         let writes = to_stdout.writes.load(Ordering::Relaxed);
         assert!(writes < 1000, "2,000 lines in {writes} writes");
-        assert_eq!(writer.dropped_lines(), 0);
+        assert_eq!(dropped_lines(&writer), 0);
     }
 
     #[test]
@@ -358,7 +359,7 @@ mod tests {
             "ten whole lines wait, no part of an eleventh"
         );
         assert!(writer.outputs[0].lock().lines.capacity() <= 1050);
-        assert_eq!(writer.dropped_lines(), 20);
+        assert_eq!(dropped_lines(&writer), 20);
         drop(open_gate);
         drop(guard);
         let stalled = to_stalled.written.lock().unwrap();

@@ -8,6 +8,7 @@
 //! bench/PROFILE.md, section 8).
 
 use std::borrow::Cow;
+use std::collections::BTreeMap;
 use std::fmt;
 
 use serde_json::{Map, Value};
@@ -176,30 +177,26 @@ fn level_json(level: &tracing::Level) -> &'static str {
     }
 }
 
-/// A line being put together: each key once, with its JSON value as text.
+/// A line being put together: each key once, with its JSON value as text, in key order. A map,
+/// not a list: a guest's log event may carry up to the request's 1,024 attributes, and each
+/// is looked up against all the line holds.
 #[derive(Default)]
 struct Line<'a> {
-    members: Vec<(Cow<'a, str>, Cow<'a, str>)>,
+    members: BTreeMap<Cow<'a, str>, Cow<'a, str>>,
 }
 
 impl<'a> Line<'a> {
     /// Sets `key` to the JSON text `value`, replacing an earlier value of the same key.
     fn set(&mut self, key: impl Into<Cow<'a, str>>, value: impl Into<Cow<'a, str>>) {
-        let key = key.into();
-        let value = value.into();
-        match self.members.iter_mut().find(|(name, _)| *name == key) {
-            Some(member) => member.1 = value,
-            None => self.members.push((key, value)),
-        }
+        self.members.insert(key.into(), value.into());
     }
 
     fn contains(&self, key: &str) -> bool {
-        self.members.iter().any(|(name, _)| name == key)
+        self.members.contains_key(key)
     }
 
-    /// Writes the line as one JSON object, its keys sorted, and a line break.
-    fn write(mut self, writer: &mut Writer<'_>) -> fmt::Result {
-        self.members.sort_unstable_by(|(a, _), (b, _)| a.cmp(b));
+    /// Writes the line as one JSON object and a line break.
+    fn write(self, writer: &mut Writer<'_>) -> fmt::Result {
         writer.write_char('{')?;
         for (index, (key, value)) in self.members.iter().enumerate() {
             if index > 0 {
@@ -417,5 +414,21 @@ mod tests {
         assert_eq!(line["user \"quoted\""], 7);
         assert_eq!(line["nested"], serde_json::json!({"a": [1, 2]}));
         assert!(!line.contains_key(GUEST_FIELDS), "{line:?}");
+    }
+
+    #[test]
+    fn a_line_holds_every_one_of_a_guests_thousand_attributes_once() {
+        let lines = lines_logged_by(|| {
+            let fields = guest_fields((0..1024).map(|n| (format!("a{n}"), Value::from(n))));
+            tracing::info!(guest_fields = %fields, "many");
+        });
+        for n in 0..1024 {
+            assert_eq!(lines[0][&format!("a{n}")], n);
+        }
+        assert_eq!(
+            lines[0].len(),
+            1024 + 4,
+            "the guest's keys and timestamp, level, message, target"
+        );
     }
 }
