@@ -401,6 +401,16 @@ async fn a_body_over_the_limit_is_413_before_the_guest_runs(store: Store) {
     let answer = raw_request(host.authority(), chunked.as_bytes()).await;
     assert!(answer.starts_with("HTTP/1.1 413"), "{answer}");
 
+    // A `GET` ignores its body, but one over the limit is refused all the same (the contract's
+    // order puts 413 before the endpoint), even when the guest cannot see it coming: wasi:http
+    // hides `Transfer-Encoding` from it.
+    let chunked_get = format!(
+        "GET /api/health HTTP/1.1\r\nhost: t\r\ntransfer-encoding: chunked\r\nconnection: close\r\n\r\n{:x}\r\n{oversized}\r\n0\r\n\r\n",
+        oversized.len()
+    );
+    let answer = raw_request(host.authority(), chunked_get.as_bytes()).await;
+    assert!(answer.starts_with("HTTP/1.1 413"), "{answer}");
+
     // Nothing was stored, and a body within the limit still works.
     assert_eq!(send(&host, "GET", "/api/users", None).await.2, json!([]));
     create(&host, "A", "a@example.com").await;

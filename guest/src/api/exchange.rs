@@ -16,11 +16,16 @@ pub struct Request<'a> {
     pub method: &'a str,
     /// The path, possibly followed by `?query`.
     pub target: &'a str,
-    /// The `Content-Type` header, if any.
+    /// The `Content-Type` header, if any; only read when [`reads_content_type`].
     pub content_type: Option<&'a str>,
     /// The whole body (the host has already bounded its size); empty unless the request
     /// [`reaches_endpoint`].
     pub body: &'a [u8],
+}
+
+/// Whether the logic reads a request's `Content-Type`: only a `POST` carries a body it parses.
+pub fn reads_content_type(method: &str) -> bool {
+    method == "POST"
 }
 
 /// What the logic reaches outside itself: the user store, a clock and telemetry.

@@ -8,7 +8,7 @@ mod fakes;
 mod health;
 mod users;
 
-pub use exchange::{LIST_PAGE_SIZE, Ports, Request};
+pub use exchange::{LIST_PAGE_SIZE, Ports, Request, reads_content_type};
 
 use compute::compute;
 use health::health;
@@ -116,6 +116,14 @@ mod tests {
         assert!(reaches_endpoint("GET", "/api/health?x=1"));
         assert!(!reaches_endpoint("POST", "/api/health"));
         assert!(!reaches_endpoint("POST", "/api/nope"));
+    }
+
+    #[test]
+    fn only_a_post_has_its_content_type_read() {
+        assert!(reads_content_type("POST"));
+        for method in ["GET", "HEAD", "PUT", "DELETE", "OPTIONS"] {
+            assert!(!reads_content_type(method), "{method}");
+        }
     }
 
     #[test]
