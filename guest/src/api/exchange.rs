@@ -61,6 +61,12 @@ pub(super) fn log_store_failure(telemetry: &impl Telemetry, operation: &str) {
 pub(super) fn json_body(
     request: &Request<'_>,
 ) -> Result<serde_json::Map<String, serde_json::Value>, ApiError> {
+    // The wasm edge asks the host for the header only when `reads_content_type` says so.
+    debug_assert!(
+        reads_content_type(request.method),
+        "a {} body is parsed, but its content type is not read",
+        request.method
+    );
     if !validation::is_json_content_type(request.content_type) {
         return Err(ApiError::UnsupportedMediaType);
     }
