@@ -449,6 +449,39 @@ async fn half_sent_bodies_get_408_at_the_body_deadline_and_lose_their_connection
 }
 
 #[tokio::test]
+async fn a_client_that_sends_all_of_a_body_over_the_limit_still_reads_its_413() {
+    let host = Host::builder().start();
+    let authority = host.authority().to_string();
+    // Far more than the default 1 MiB limit, and more than the kernel's buffers on both ends
+    // hold: the host must read and discard the rest, or the client's write fails on a reset.
+    let body_bytes = 48 << 20;
+    let (sent, read, answer) = tokio::task::spawn_blocking(move || {
+        use std::io::{Read, Write};
+        let mut stream = std::net::TcpStream::connect(authority).unwrap();
+        stream
+            .set_read_timeout(Some(Duration::from_secs(30)))
+            .unwrap();
+        let head = format!(
+            "POST /api/compute HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n\
+             Content-Length: {body_bytes}\r\n\r\n"
+        );
+        let sent = stream
+            .write_all(head.as_bytes())
+            .and_then(|()| stream.write_all(&vec![b' '; body_bytes]));
+        let mut answer = String::new();
+        let read = stream.read_to_string(&mut answer);
+        (sent, read, answer)
+    })
+    .await
+    .unwrap();
+    sent.expect("the body was not taken in full");
+    read.expect("the answer was not read in full");
+    assert!(answer.starts_with("HTTP/1.1 413"), "{answer}");
+    assert!(answer.contains("connection: close"), "{answer}");
+    assert_still_serving(&host).await;
+}
+
+#[tokio::test]
 async fn a_full_table_of_idle_connections_gives_way_to_a_newcomer() {
     let host = hostile_host(&[("MAX_CONNECTIONS", "8")]);
     let mut idle = Vec::new();

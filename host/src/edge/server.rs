@@ -22,6 +22,7 @@ use tokio::net::TcpListener;
 use tracing::Instrument;
 
 use crate::edge::connections::{AwaitNextHead, ConnectionTable, MAX_HEADER_BYTES, Phase, Ticket};
+use crate::edge::linger::{DrainOnClose, Linger, LingeringClose};
 use crate::edge::request_body::{BodyBuffers, BodyError, GuestRequestBody, ReadBody, read_body};
 use crate::edge::responses::{self, ResponseBody};
 use crate::edge::stall::StallGuard;
@@ -297,12 +298,21 @@ fn request_id(headers: &HeaderMap) -> HeaderValue {
         })
 }
 
-/// `response`, with the connection closed after it.
+/// `response`, with the connection closed after it: the host answers before it has read the
+/// whole request.
 fn closing(mut response: Response<ResponseBody>) -> Response<ResponseBody> {
     response
         .headers_mut()
         .insert(header::CONNECTION, HeaderValue::from_static("close"));
     response
+}
+
+/// Whether `response` was made [`closing`], so its request may have left bytes unread.
+fn is_closing<B>(response: &Response<B>) -> bool {
+    response
+        .headers()
+        .get(header::CONNECTION)
+        .is_some_and(|value| value == "close")
 }
 
 /// Whether the request has at most one `Host` header, and that one (if any) is a valid
@@ -364,13 +374,20 @@ pub async fn serve(listener: TcpListener, app: Arc<App>, shutdown: impl Future<O
         };
         let app = Arc::clone(&app);
         let connection_ticket = Arc::clone(&ticket);
+        let drain_on_close = DrainOnClose::default();
+        let connection_drain = drain_on_close.clone();
         let service = service_fn(move |mut request: Request<Incoming>| {
             let app = Arc::clone(&app);
             let ticket = Arc::clone(&connection_ticket);
+            let drain_on_close = connection_drain.clone();
             async move {
                 ticket.enter(Phase::ReadingBody);
                 request.extensions_mut().insert(Arc::clone(&ticket));
                 let response = app.handle(request).await;
+                if is_closing(&response) {
+                    // The client may still be sending the rest: it must get to read this answer.
+                    drain_on_close.mark();
+                }
                 Ok::<_, Infallible>(
                     response.map(|body| AwaitNextHead::new(body, ticket).boxed_unsync()),
                 )
@@ -381,7 +398,11 @@ pub async fn serve(listener: TcpListener, app: Arc<App>, shutdown: impl Future<O
             .header_read_timeout(HEADER_READ_TIMEOUT)
             .max_buf_size(MAX_HEADER_BYTES)
             .serve_connection(
-                TokioIo::new(StallGuard::new(stream, WRITE_STALL_TIMEOUT)),
+                TokioIo::new(LingeringClose::new(
+                    StallGuard::new(stream, WRITE_STALL_TIMEOUT),
+                    drain_on_close,
+                    Linger::default(),
+                )),
                 service,
             );
         let connection = connections.watch(connection);
