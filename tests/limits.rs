@@ -448,36 +448,66 @@ async fn half_sent_bodies_get_408_at_the_body_deadline_and_lose_their_connection
     assert_still_serving(&host).await;
 }
 
-#[tokio::test]
-async fn a_client_that_sends_all_of_a_body_over_the_limit_still_reads_its_413() {
-    let host = Host::builder().start();
+/// Sends `head` and `body_bytes` of spaces whole, over a blocking socket, then reads the answer
+/// to its end: what the write and the read gave, the answer, and how long it all took.
+async fn send_whole(
+    host: &Host,
+    head: &str,
+    body_bytes: usize,
+) -> (
+    std::io::Result<()>,
+    std::io::Result<usize>,
+    String,
+    Duration,
+) {
     let authority = host.authority().to_string();
-    // Far more than the default 1 MiB limit, and more than the kernel's buffers on both ends
-    // hold: the host must read and discard the rest, or the client's write fails on a reset.
-    let body_bytes = 48 << 20;
-    let (sent, read, answer) = tokio::task::spawn_blocking(move || {
+    let head = head.replace("{length}", &body_bytes.to_string());
+    tokio::task::spawn_blocking(move || {
         use std::io::{Read, Write};
+        let started = Instant::now();
         let mut stream = std::net::TcpStream::connect(authority).unwrap();
+        // A host that neither reads nor closes fails the test instead of hanging it.
+        stream
+            .set_write_timeout(Some(Duration::from_secs(30)))
+            .unwrap();
         stream
             .set_read_timeout(Some(Duration::from_secs(30)))
             .unwrap();
-        let head = format!(
-            "POST /api/compute HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n\
-             Content-Length: {body_bytes}\r\n\r\n"
-        );
         let sent = stream
             .write_all(head.as_bytes())
             .and_then(|()| stream.write_all(&vec![b' '; body_bytes]));
         let mut answer = String::new();
         let read = stream.read_to_string(&mut answer);
-        (sent, read, answer)
+        (sent, read, answer, started.elapsed())
     })
     .await
-    .unwrap();
-    sent.expect("the body was not taken in full");
-    read.expect("the answer was not read in full");
-    assert!(answer.starts_with("HTTP/1.1 413"), "{answer}");
-    assert!(answer.contains("connection: close"), "{answer}");
+    .unwrap()
+}
+
+#[tokio::test]
+async fn a_client_that_sends_all_of_a_body_the_host_will_not_read_still_reads_its_answer() {
+    use host::edge::linger::LINGER_IDLE;
+    let host = Host::builder().start();
+    // Far more than the default 1 MiB limit, and more than the kernel's buffers on both ends
+    // hold: the host must read and discard the rest, or the client's write fails on a reset.
+    let body_bytes = 48 << 20;
+    let over_the_limit = "POST /api/compute HTTP/1.1\r\nHost: t\r\n\
+                          Content-Type: application/json\r\nContent-Length: {length}\r\n\r\n";
+    let bad_host = "POST /api/compute HTTP/1.1\r\nHost: a b\r\n\
+                    Content-Type: application/json\r\nContent-Length: {length}\r\n\r\n";
+    for (head, status) in [(over_the_limit, "413"), (bad_host, "400")] {
+        let (sent, read, answer, took) = send_whole(&host, head, body_bytes).await;
+        sent.expect("the body was not taken in full");
+        read.expect("the answer was not read in full");
+        assert!(
+            answer.starts_with(&format!("HTTP/1.1 {status}")),
+            "{answer}"
+        );
+        assert!(answer.contains("connection: close"), "{answer}");
+        // The host ended its side before it drained: the client read the end at once, not
+        // when the drain gave up.
+        assert!(took < LINGER_IDLE, "{took:?}");
+    }
     assert_still_serving(&host).await;
 }
 

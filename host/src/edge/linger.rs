@@ -5,11 +5,13 @@
 //! then has its write fail (a broken pipe, or a reset that can discard the answer it has not
 //! read yet), and never sees the 413 it was sent. So, like a web server's lingering close, such a
 //! connection first ends its own side, then reads and discards what the client still sends,
-//! until the client closes, [`MAX_DRAINED_BYTES`] are discarded or [`LINGER_TIME`] has passed,
-//! whichever comes first. Only then is the socket closed.
+//! until the client closes, or sends nothing for [`LINGER_IDLE`], or has sent
+//! [`MAX_DRAINED_BYTES`] beyond the body limit, or [`LINGER_TIME`] has passed, whichever comes
+//! first. Only then is the socket closed.
 //!
-//! A connection lingers only when the host marked it ([`DrainOnClose`]). Idle connections closed
-//! at shutdown, which owe nothing, close at once.
+//! A connection lingers only when the request path marked it ([`DrainOnClose`], set for every
+//! answer the host gives before it read the whole request). Idle connections closed at
+//! shutdown, which owe nothing, close at once.
 
 use std::future::Future;
 use std::io;
@@ -21,19 +23,21 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::time::Sleep;
+use tokio::time::{Instant, Sleep};
 
-/// How long a closing connection goes on discarding what its client sends, at most.
-pub const LINGER_TIME: Duration = Duration::from_secs(5);
-/// How many bytes a closing connection discards, at most: far above any body the limit lets
-/// through, so that a client that sends one whole is answered, while one that keeps sending
-/// is cut off.
+/// How long a closing connection waits for the client's next bytes.
+pub const LINGER_IDLE: Duration = Duration::from_secs(5);
+/// How long a closing connection goes on discarding what its client sends, at most: a client
+/// sending at 10 Mbit/s gets 35 MiB through.
+pub const LINGER_TIME: Duration = Duration::from_secs(30);
+/// How many bytes beyond the body limit a closing connection discards, at most: a body over
+/// the limit by less than this, sent whole, gets its answer read.
 pub const MAX_DRAINED_BYTES: u64 = 64 << 20;
 
 /// Bytes read and discarded per read while draining; on the task's stack, nothing is kept.
 const DRAIN_CHUNK: usize = 16 * 1024;
 
-/// Told by the request path that the connection will close with part of a request unread.
+/// Set by the request path when the connection will close with part of a request unread.
 /// Clones share the mark.
 #[derive(Clone, Debug, Default)]
 pub struct DrainOnClose(Arc<AtomicBool>);
@@ -52,17 +56,21 @@ impl DrainOnClose {
 /// How long and how much a closing connection drains.
 #[derive(Clone, Copy, Debug)]
 pub struct Linger {
+    /// The longest wait for the client's next bytes.
+    pub idle: Duration,
     /// The longest drain.
-    pub time: Duration,
+    pub total: Duration,
     /// The most bytes discarded.
     pub max_bytes: u64,
 }
 
-impl Default for Linger {
-    fn default() -> Linger {
+impl Linger {
+    /// The bounds of a host whose request bodies may be `max_body_bytes` long.
+    pub fn for_body_limit(max_body_bytes: usize) -> Linger {
         Linger {
-            time: LINGER_TIME,
-            max_bytes: MAX_DRAINED_BYTES,
+            idle: LINGER_IDLE,
+            total: LINGER_TIME,
+            max_bytes: (max_body_bytes as u64).saturating_add(MAX_DRAINED_BYTES),
         }
     }
 }
@@ -77,7 +85,10 @@ pub struct LingeringClose<T> {
 }
 
 struct Draining {
+    /// The end of the whole drain.
     deadline: Pin<Box<Sleep>>,
+    /// The end of the wait for the client's next bytes, moved on by each read.
+    idle: Pin<Box<Sleep>>,
     discarded: u64,
 }
 
@@ -103,6 +114,7 @@ impl<T: AsyncRead + AsyncWrite + Unpin> LingeringClose<T> {
         loop {
             if draining.discarded >= self.linger.max_bytes
                 || draining.deadline.as_mut().poll(cx).is_ready()
+                || draining.idle.as_mut().poll(cx).is_ready()
             {
                 return Poll::Ready(());
             }
@@ -111,7 +123,13 @@ impl<T: AsyncRead + AsyncWrite + Unpin> LingeringClose<T> {
             // fast cannot keep this task from yielding.
             match Pin::new(&mut self.inner).poll_read(cx, &mut buf) {
                 Poll::Ready(Ok(())) if buf.filled().is_empty() => return Poll::Ready(()),
-                Poll::Ready(Ok(())) => draining.discarded += buf.filled().len() as u64,
+                Poll::Ready(Ok(())) => {
+                    draining.discarded += buf.filled().len() as u64;
+                    draining
+                        .idle
+                        .as_mut()
+                        .reset(Instant::now() + self.linger.idle);
+                }
                 Poll::Ready(Err(_)) => return Poll::Ready(()),
                 Poll::Pending => return Poll::Pending,
             }
@@ -157,13 +175,15 @@ impl<T: AsyncRead + AsyncWrite + Unpin> AsyncWrite for LingeringClose<T> {
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         let this = &mut *self;
         if this.draining.is_none() {
-            // The answer is flushed: end the host's side, so the client reads it to its end.
+            // The answer is flushed: end the host's side first, so the client reads it to its
+            // end while the drain runs.
             std::task::ready!(Pin::new(&mut this.inner).poll_shutdown(cx))?;
             if !this.drain_on_close.is_marked() {
                 return Poll::Ready(Ok(()));
             }
             this.draining = Some(Draining {
-                deadline: Box::pin(tokio::time::sleep(this.linger.time)),
+                deadline: Box::pin(tokio::time::sleep(this.linger.total)),
+                idle: Box::pin(tokio::time::sleep(this.linger.idle)),
                 discarded: 0,
             });
         }
@@ -173,74 +193,114 @@ impl<T: AsyncRead + AsyncWrite + Unpin> AsyncWrite for LingeringClose<T> {
 
 #[cfg(test)]
 mod tests {
-    use std::time::Instant;
-
     use tokio::io::{AsyncReadExt, AsyncWriteExt, DuplexStream};
+    use tokio::time::timeout;
 
     use super::*;
 
+    // The tests run on tokio's paused clock: time moves only when every task waits, so the
+    // bounds are met exactly, however loaded the machine.
     const SHORT: Linger = Linger {
-        time: Duration::from_millis(300),
+        idle: Duration::from_secs(1),
+        total: Duration::from_secs(4),
         max_bytes: 1 << 20,
     };
+    /// Far past every bound: a drain still running then never ends.
+    const NEVER: Duration = Duration::from_secs(600);
 
-    fn marked(inner: DuplexStream, linger: Linger) -> LingeringClose<DuplexStream> {
+    fn marked(inner: DuplexStream) -> LingeringClose<DuplexStream> {
         let drain_on_close = DrainOnClose::default();
         drain_on_close.mark();
-        LingeringClose::new(inner, drain_on_close, linger)
+        LingeringClose::new(inner, drain_on_close, SHORT)
     }
 
-    #[tokio::test]
-    async fn a_marked_connection_takes_the_clients_whole_rest_then_closes() {
+    fn discarded(connection: &LingeringClose<DuplexStream>) -> u64 {
+        connection
+            .draining
+            .as_ref()
+            .map_or(0, |draining| draining.discarded)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_marked_connection_ends_its_side_first_then_takes_the_clients_whole_rest() {
         let (host_side, mut client) = tokio::io::duplex(4096);
-        let mut host_side = marked(host_side, SHORT);
+        let mut host_side = marked(host_side);
+        let started = Instant::now();
         let client = tokio::spawn(async move {
             // More than the pipe holds: without the drain, this write would never finish.
             client.write_all(&[7; 100 * 1024]).await.unwrap();
             let mut answer = Vec::new();
             client.read_to_end(&mut answer).await.unwrap();
-            // The client reads the host's end, and closes in turn.
+            // The client read the host's end, and closes in turn.
         });
-        host_side.shutdown().await.unwrap();
-        tokio::time::timeout(Duration::from_secs(5), client)
-            .await
-            .expect("the client's write or read never ended")
-            .unwrap();
-        assert_eq!(host_side.draining.unwrap().discarded, 100 * 1024);
+        timeout(NEVER, host_side.shutdown()).await.unwrap().unwrap();
+        timeout(NEVER, client).await.unwrap().unwrap();
+        assert_eq!(discarded(&host_side), 100 * 1024);
+        // Had the host drained before ending its side, the client would have read its end
+        // only once the drain gave up.
+        assert!(started.elapsed() < SHORT.idle, "{:?}", started.elapsed());
     }
 
-    #[tokio::test]
+    #[tokio::test(start_paused = true)]
     async fn a_client_that_keeps_sending_is_cut_off_at_the_byte_bound() {
         let (host_side, mut client) = tokio::io::duplex(4096);
-        let mut host_side = marked(host_side, SHORT);
+        let mut host_side = marked(host_side);
         let sending =
             tokio::spawn(async move { while client.write_all(&[7; 1024]).await.is_ok() {} });
-        host_side.shutdown().await.unwrap();
-        let discarded = host_side.draining.as_ref().unwrap().discarded;
-        assert!((SHORT.max_bytes..SHORT.max_bytes + 16 * 1024).contains(&discarded));
+        timeout(NEVER, host_side.shutdown()).await.unwrap().unwrap();
+        let discarded = discarded(&host_side);
+        assert!(
+            (SHORT.max_bytes..SHORT.max_bytes + DRAIN_CHUNK as u64).contains(&discarded),
+            "{discarded}"
+        );
         drop(host_side);
         sending.await.unwrap();
     }
 
-    #[tokio::test]
-    async fn a_client_that_sends_nothing_and_stays_is_cut_off_at_the_time_bound() {
+    #[tokio::test(start_paused = true)]
+    async fn a_client_that_sends_nothing_and_stays_is_cut_off_once_idle() {
         let (host_side, _silent_client) = tokio::io::duplex(4096);
-        let mut host_side = marked(host_side, SHORT);
+        let mut host_side = marked(host_side);
         let started = Instant::now();
-        host_side.shutdown().await.unwrap();
-        let waited = started.elapsed();
-        assert!(waited >= SHORT.time, "{waited:?}");
-        assert!(waited < SHORT.time * 10, "{waited:?}");
+        timeout(NEVER, host_side.shutdown()).await.unwrap().unwrap();
+        assert_eq!(started.elapsed(), SHORT.idle);
     }
 
-    #[tokio::test]
+    #[tokio::test(start_paused = true)]
+    async fn a_client_that_trickles_is_cut_off_at_the_time_bound() {
+        let (host_side, mut client) = tokio::io::duplex(4096);
+        let mut host_side = marked(host_side);
+        let trickling = tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(SHORT.idle / 2).await;
+                if client.write_all(b"x").await.is_err() {
+                    return;
+                }
+            }
+        });
+        let started = Instant::now();
+        timeout(NEVER, host_side.shutdown()).await.unwrap().unwrap();
+        assert_eq!(started.elapsed(), SHORT.total);
+        assert!(discarded(&host_side) >= 7, "{}", discarded(&host_side));
+        drop(host_side);
+        trickling.await.unwrap();
+    }
+
+    #[tokio::test(start_paused = true)]
     async fn an_unmarked_connection_closes_at_once_without_reading() {
         let (host_side, mut client) = tokio::io::duplex(4096);
         client.write_all(b"unread").await.unwrap();
         let mut host_side = LingeringClose::new(host_side, DrainOnClose::default(), SHORT);
         let started = Instant::now();
-        host_side.shutdown().await.unwrap();
-        assert!(started.elapsed() < SHORT.time);
+        timeout(NEVER, host_side.shutdown()).await.unwrap().unwrap();
+        assert_eq!(started.elapsed(), Duration::ZERO);
         assert!(host_side.draining.is_none());
+    }
+
+    #[test]
+    fn the_byte_bound_is_beyond_the_body_limit() {
+        let linger = Linger::for_body_limit(10 << 20);
+        assert_eq!(linger.max_bytes, (10 << 20) + MAX_DRAINED_BYTES);
+        assert_eq!(Linger::for_body_limit(usize::MAX).max_bytes, u64::MAX);
     }
 }

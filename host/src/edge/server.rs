@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use http::{HeaderMap, HeaderName, HeaderValue, Method, Request, Response, StatusCode, header};
 use http_body_util::BodyExt;
-use hyper::body::Incoming;
+use hyper::body::{Body as _, Incoming};
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
@@ -142,7 +142,8 @@ impl App {
         host_fault: &Arc<HostFault>,
     ) -> Response<ResponseBody> {
         if !has_valid_host(request.headers()) {
-            return responses::error(StatusCode::BAD_REQUEST, responses::BAD_HOST);
+            let refused = responses::error(StatusCode::BAD_REQUEST, responses::BAD_HOST);
+            return closing_if_unread(refused, request.body());
         }
         let connection = request.extensions().get::<Arc<Ticket>>().cloned();
         if request.uri().path() == routes::METRICS_PATH {
@@ -152,7 +153,8 @@ impl App {
             if let Some(route) = matched_route.set(Arc::from(routes::METRICS_PATH)) {
                 span.record("http.route", &*route);
             }
-            return self.metrics_page(request.method()).await;
+            let page = self.metrics_page(request.method()).await;
+            return closing_if_unread(page, request.body());
         }
         let (mut parts, body) = request.into_parts();
         let reading = read_body(
@@ -183,7 +185,11 @@ impl App {
                 ));
             }
             Err(BodyError::Unreadable) => {
-                return responses::error(StatusCode::BAD_REQUEST, responses::UNREADABLE_BODY);
+                // A body that broke off may still be followed by its rest.
+                return closing(responses::error(
+                    StatusCode::BAD_REQUEST,
+                    responses::UNREADABLE_BODY,
+                ));
             }
         };
         if let Some(connection) = &connection {
@@ -298,21 +304,33 @@ fn request_id(headers: &HeaderMap) -> HeaderValue {
         })
 }
 
+/// Marks an answer given before the host read the whole request: see [`closing`].
+#[derive(Clone, Copy)]
+struct LeavesRequestUnread;
+
 /// `response`, with the connection closed after it: the host answers before it has read the
-/// whole request.
+/// whole request, and what is left of it must not be read as the next one. The connection
+/// drains what the client still sends before it closes ([`crate::edge::linger`]).
 fn closing(mut response: Response<ResponseBody>) -> Response<ResponseBody> {
     response
         .headers_mut()
         .insert(header::CONNECTION, HeaderValue::from_static("close"));
+    response.extensions_mut().insert(LeavesRequestUnread);
     response
 }
 
-/// Whether `response` was made [`closing`], so its request may have left bytes unread.
+/// `response`, [`closing`] when `body` is not read to its end yet.
+fn closing_if_unread(response: Response<ResponseBody>, body: &Incoming) -> Response<ResponseBody> {
+    if body.is_end_stream() {
+        response
+    } else {
+        closing(response)
+    }
+}
+
+/// Whether `response` was made [`closing`].
 fn is_closing<B>(response: &Response<B>) -> bool {
-    response
-        .headers()
-        .get(header::CONNECTION)
-        .is_some_and(|value| value == "close")
+    response.extensions().get::<LeavesRequestUnread>().is_some()
 }
 
 /// Whether the request has at most one `Host` header, and that one (if any) is a valid
@@ -372,6 +390,7 @@ pub async fn serve(listener: TcpListener, app: Arc<App>, shutdown: impl Future<O
             });
             continue;
         };
+        let linger = Linger::for_body_limit(app.limits.max_body_bytes);
         let app = Arc::clone(&app);
         let connection_ticket = Arc::clone(&ticket);
         let drain_on_close = DrainOnClose::default();
@@ -401,7 +420,7 @@ pub async fn serve(listener: TcpListener, app: Arc<App>, shutdown: impl Future<O
                 TokioIo::new(LingeringClose::new(
                     StallGuard::new(stream, WRITE_STALL_TIMEOUT),
                     drain_on_close,
-                    Linger::default(),
+                    linger,
                 )),
                 service,
             );

@@ -27,19 +27,24 @@ use tracing_subscriber::registry::LookupSpan;
 /// into the line.
 pub const GUEST_FIELDS: &str = "guest_fields";
 
-/// The [`GUEST_FIELDS`] value for a guest's attributes: one JSON object, its members in the
-/// guest's order (of a key given twice, the last stands on the line), written as text without a
-/// map in between.
+/// The [`GUEST_FIELDS`] value for a guest's attributes: one JSON object, its keys sorted and
+/// each once (of a key given twice, the last value), written as text without a map in between.
+/// It is also the attribute of that name on an OpenTelemetry log record.
 pub fn guest_fields(attributes: impl IntoIterator<Item = (String, Value)>) -> String {
+    let mut attributes: Vec<_> = attributes.into_iter().collect();
+    // Latest first, then a stable sort by key: the first of each key is the one to keep.
+    attributes.reverse();
+    attributes.sort_by(|(a, _), (b, _)| a.cmp(b));
+    attributes.dedup_by(|(later, _), (kept, _)| later == kept);
     let mut text = Vec::with_capacity(128);
     text.push(b'{');
-    for (index, (key, value)) in attributes.into_iter().enumerate() {
+    for (index, (key, value)) in attributes.iter().enumerate() {
         if index > 0 {
             text.push(b',');
         }
-        serde_json::to_writer(&mut text, &key).expect("a string always serializes");
+        serde_json::to_writer(&mut text, key).expect("a string always serializes");
         text.push(b':');
-        serde_json::to_writer(&mut text, &value).expect("a JSON value always serializes");
+        serde_json::to_writer(&mut text, value).expect("a JSON value always serializes");
     }
     text.push(b'}');
     String::from_utf8(text).expect("serde_json writes UTF-8")
@@ -172,7 +177,11 @@ where
         let target = library_target.unwrap_or_else(|| event.metadata().target().to_string());
         line.set("target", json_string(&target));
         if let Some(text) = &guest_fields {
-            line.add_guest_fields(text);
+            let declared = |key: &str| {
+                event.metadata().fields().field(key).is_some()
+                    || spans.iter().any(|span| span.fields().field(key).is_some())
+            };
+            line.add_guest_fields(text, declared);
         }
         line.write(&mut writer)
     }
@@ -219,10 +228,11 @@ impl<'a> Line<'a> {
         self.members.push((key.into(), value.into()));
     }
 
-    /// Adds the members of a guest's [`GUEST_FIELDS`] object. The guest never replaces a field
-    /// the host put on the line (`http.route`, the request's ids...): a clashing one is kept
-    /// beside it as `guest.<name>`. Text that is not such an object is kept as one string.
-    fn add_guest_fields(&mut self, text: &'a str) {
+    /// Adds the members of a guest's [`GUEST_FIELDS`] object. The guest never writes a field
+    /// of the host (`http.route`, the request's ids...), whether the line holds it yet or its
+    /// span only declares it (`declared`): a clashing key is kept beside it as `guest.<name>`.
+    /// Text that is not such an object is kept as one string.
+    fn add_guest_fields(&mut self, text: &'a str, declared: impl Fn(&str) -> bool) {
         // Each value stays the text it was in the object: nothing is parsed into a tree and
         // written again.
         let Ok(fields) = serde_json::from_str::<BTreeMap<String, &RawValue>>(text) else {
@@ -230,9 +240,18 @@ impl<'a> Line<'a> {
             return;
         };
         let hosts = self.members.len();
-        for (key, value) in fields {
-            let clashes = self.members[..hosts].iter().any(|(host, _)| *host == key);
-            let key = if clashes { format!("guest.{key}") } else { key };
+        let is_hosts =
+            |key: &str| declared(key) || self.members[..hosts].iter().any(|(host, _)| host == key);
+        let renamed: Vec<_> = fields
+            .into_iter()
+            .map(|(mut key, value)| {
+                while is_hosts(&key) {
+                    key = format!("guest.{key}");
+                }
+                (key, value)
+            })
+            .collect();
+        for (key, value) in renamed {
             self.set(key, value.get());
         }
     }
@@ -313,8 +332,8 @@ impl Visit for EventFields<'_, '_> {
 
 /// `now` as the line's timestamp: a JSON string in RFC 3339, UTC, to the microsecond
 /// (`"2026-11-26T19:07:09.507647Z"`), the form tracing-subscriber's `SystemTime` writes, made
-/// without the formatting machinery that cost a tenth of a line. A time before 1970 or after
-/// 9999 is left to tracing-subscriber.
+/// without the formatting machinery that cost a tenth of a line. For a clock set before 1970
+/// or after 9999, the line carries tracing-subscriber's own reading of the clock instead.
 fn rfc3339_micros(now: std::time::SystemTime) -> String {
     let Ok(since_epoch) = now.duration_since(std::time::UNIX_EPOCH) else {
         return slow_timestamp();
@@ -552,6 +571,53 @@ mod tests {
             }
         }
         panic!("the two timestamps never agreed to the second");
+    }
+
+    #[test]
+    fn a_guest_may_not_write_a_field_its_span_declares_but_has_not_recorded_yet() {
+        let lines = lines_logged_by(|| {
+            let span = tracing::info_span!(
+                "request",
+                http.route = Empty,
+                version = "1",
+                guest.version = "2"
+            );
+            let _entered = span.enter();
+            let fields = guest_fields([
+                ("http.route".to_string(), Value::from("/forged")),
+                ("version".to_string(), Value::from("3")),
+            ]);
+            tracing::info!(guest_fields = %fields, "from the guest");
+        });
+        let line = &lines[0];
+        assert!(!line.contains_key("http.route"), "{line:?}");
+        assert_eq!(line["guest.http.route"], "/forged");
+        // Renamed, the key clashes again, and is renamed once more.
+        assert_eq!(line["version"], "1");
+        assert_eq!(line["guest.version"], "2");
+        assert_eq!(line["guest.guest.version"], "3");
+    }
+
+    #[test]
+    fn the_guest_fields_text_has_each_key_once_in_order() {
+        let text = guest_fields([
+            ("b".to_string(), Value::from(1)),
+            ("a".to_string(), Value::from(2)),
+            ("b".to_string(), Value::from(3)),
+        ]);
+        assert_eq!(text, r#"{"a":2,"b":3}"#);
+    }
+
+    #[test]
+    fn a_clock_before_1970_still_gives_a_timestamp_of_the_same_form() {
+        let before = std::time::UNIX_EPOCH - std::time::Duration::from_secs(1);
+        let timestamp: String = serde_json::from_str(&rfc3339_micros(before)).unwrap();
+        assert_eq!(
+            timestamp.len(),
+            "2026-11-26T19:07:09.507647Z".len(),
+            "{timestamp}"
+        );
+        assert!(timestamp.ends_with('Z'), "{timestamp}");
     }
 
     #[test]
