@@ -7,6 +7,7 @@
 //! - [`admission`]: what a component must be before it is linked (UTF-8 strings to the host);
 //! - [`capacity`]: the pools, memory budget, store limits and slots, all sized from the flags;
 //! - [`pool`]: the linear memories and stacks instances reuse, without page-protection changes;
+//! - [`page_scan`]: which pages of a pooled memory or stack were touched, from the page tables;
 //! - [`slots`]: the two budgets of instance slots, running and streaming;
 //! - [`store`]: what one request's store holds: WASI, `wasi:http`, and the service's
 //!   interfaces, each on its own state;
@@ -24,6 +25,7 @@ pub mod capacity;
 pub mod engine;
 pub mod guest;
 pub mod guest_body;
+pub mod page_scan;
 pub mod pool;
 pub mod probe;
 pub mod reload;

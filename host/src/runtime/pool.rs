@@ -28,6 +28,8 @@ use std::time::Duration;
 
 use wasmtime::{LinearMemory, MemoryCreator, MemoryType, StackCreator, StackMemory};
 
+use crate::runtime::page_scan::{HeldPages, scan_held_pages};
+
 /// The engine settings these pools need: memories without guard pages or reservation, whose
 /// every access is bounds-checked, created by `memories`; async stacks from `stacks`.
 pub(super) fn configure(
@@ -96,40 +98,67 @@ impl Mapping {
 
     /// Makes every byte of `range` read as zero again.
     ///
-    /// The pages `mincore` reports resident within the first `keep_resident` bytes of the range
-    /// are written with zeroes and stay resident for the next user (no page fault, and no TLB
-    /// flush, which giving a present page back would cost). Every other page is given back with
-    /// `MADV_DONTNEED`: a page the kernel swapped out is not resident, yet still holds the last
-    /// user's data in swap, and `MADV_DONTNEED` drops that copy too. So correctness never rests
-    /// on the residency scan; the scan only decides which pages are cheaper to keep.
-    ///
-    /// One shortcut: while the machine has no swap at all (checked before and after the scan),
-    /// an anonymous page that is not resident has never been touched and already reads as zero,
-    /// so those pages within the kept bytes are left alone, sparing a system call per request.
+    /// Within the first `keep_resident` bytes of the range, the pages in memory are written
+    /// with zeroes and stay resident for the next user (no page fault, and no TLB flush, which
+    /// giving a present page back would cost); pages swapped out are given back with
+    /// `MADV_DONTNEED`, which drops the last user's data from swap too; pages never touched
+    /// already read as zero and are left alone. Everything past the kept bytes is given back.
+    /// The page tables say which page is which ([`scan_held_pages`]); where the kernel cannot
+    /// tell, [`Mapping::reset_by_residency`] decides from `mincore`.
     fn reset(&self, range: Range<usize>, keep_resident: usize) {
-        let swap_before = swap_configured();
         let page = page_size();
         let start = range.start / page * page;
         let end = (range.end.min(self.len).div_ceil(page) * page).max(start);
         let kept_end = (start + keep_resident.div_ceil(page) * page).min(end);
-        let mut resident = vec![0u8; (kept_end - start) / page];
+        let base = self.ptr() as usize;
+        let reached = scan_held_pages(base + start..base + kept_end, |pages, held| {
+            let pages = pages.start - base..pages.end - base;
+            match held {
+                HeldPages::Resident => {
+                    // SAFETY: these pages lie inside the mapping, and no instance uses them now.
+                    unsafe { std::ptr::write_bytes(self.ptr().add(pages.start), 0, pages.len()) };
+                }
+                HeldPages::SharedZero => {}
+                HeldPages::Elsewhere => self.give_back(pages),
+            }
+        }) - base;
+        if reached < kept_end {
+            self.reset_by_residency(reached..kept_end);
+        }
+        if kept_end < end {
+            self.give_back(kept_end..end);
+        }
+    }
+
+    /// [`Mapping::reset`] of a page-aligned `range` without a page-table scan: the pages
+    /// `mincore` reports resident are written with zeroes and stay; every other page is given
+    /// back, since not resident may mean swapped out. So correctness never rests on the
+    /// residency scan; the scan only decides which pages are cheaper to keep.
+    ///
+    /// One shortcut: while the machine has no swap at all (checked before and after the scan),
+    /// an anonymous page that is not resident has never been touched and already reads as zero,
+    /// so those pages are left alone, sparing a system call per request.
+    fn reset_by_residency(&self, range: Range<usize>) {
+        let swap_before = swap_configured();
+        let page = page_size();
+        let mut resident = vec![0u8; range.len() / page];
         // SAFETY: the range lies inside this mapping; `resident` has a byte per page.
         let scanned = unsafe {
             libc::mincore(
-                self.ptr().add(start).cast(),
-                kept_end - start,
+                self.ptr().add(range.start).cast(),
+                range.len(),
                 resident.as_mut_ptr(),
             )
         } == 0;
         if !scanned {
-            self.give_back(start..end);
+            self.give_back(range);
             return;
         }
         let may_be_swapped = swap_before || swap_configured();
         // Pages not resident are given back in runs, each run with one call.
         let mut run_start = None;
         for (index, state) in resident.iter().enumerate() {
-            let offset = start + index * page;
+            let offset = range.start + index * page;
             if state & 1 == 1 {
                 if let Some(run) = run_start.take() {
                     self.give_back(run..offset);
@@ -140,10 +169,8 @@ impl Mapping {
                 run_start.get_or_insert(offset);
             }
         }
-        // The last run of pages not resident joins whatever lies past the kept bytes.
-        let rest = run_start.unwrap_or(kept_end);
-        if rest < end {
-            self.give_back(rest..end);
+        if let Some(run) = run_start {
+            self.give_back(run..range.end);
         }
     }
 
@@ -648,6 +675,26 @@ mod tests {
         let expected: Vec<usize> = vec![0, 5];
         let found: Vec<usize> = (0..resident.len()).filter(|&i| resident[i]).collect();
         assert_eq!(found, expected, "resident pages after the reset");
+    }
+
+    #[test]
+    fn the_reset_without_a_page_table_scan_zeroes_the_same_pages_and_keeps_them_resident() {
+        let page = page_size();
+        let mapping = Mapping::new(64 * page).unwrap();
+        let written = [0, 5, 6, 40];
+        for index in written {
+            // SAFETY: inside the mapping.
+            unsafe { mapping.ptr().add(index * page + 3).write_volatile(0xAA) };
+        }
+        mapping.reset_by_residency(0..64 * page);
+        for index in written {
+            // SAFETY: inside the mapping.
+            let byte = unsafe { mapping.ptr().add(index * page + 3).read_volatile() };
+            assert_eq!(byte, 0, "page {index} kept the last write");
+        }
+        let resident = resident_pages(mapping.ptr(), 0..64 * page);
+        let found: Vec<usize> = (0..resident.len()).filter(|&i| resident[i]).collect();
+        assert_eq!(found, written, "resident pages after the reset");
     }
 
     #[test]

@@ -1,0 +1,282 @@
+//! Which pages of an anonymous mapping the kernel holds something for, read from the page
+//! tables in one walk: the `PAGEMAP_SCAN` ioctl on `/proc/self/pagemap` (Linux 6.7 and later).
+//!
+//! The pools reset every memory and stack between instances (`pool.rs`). What they need to
+//! know of each page is one of three things: it was never touched (it reads as zero, nothing to
+//! do), it is in memory (write zeroes over it, and keep it for the next instance), or its
+//! contents are somewhere else, swapped out (give it back, which drops the swapped copy).
+//! `mincore` tells only "in memory or not", a byte per page, so "not" had to be split into
+//! "never touched" and "swapped out" by asking whether the machine has swap at all, before and
+//! after the scan. This scan reports the swapped-out pages by name, in runs, so that question,
+//! and the byte per page, are not needed.
+//!
+//! The ioctl's structures and numbers are the kernel's `include/uapi/linux/fs.h`, written out
+//! here because the `libc` crate does not carry them yet. Where the kernel lacks the ioctl,
+//! [`scan_held_pages`] says so and the pools fall back to `mincore`.
+
+use std::fs::File;
+use std::ops::Range;
+use std::os::fd::AsRawFd;
+use std::sync::OnceLock;
+
+/// What a run of pages holds, as far as the reset is concerned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum HeldPages {
+    /// In memory, and may hold data.
+    Resident,
+    /// Mapped to the kernel's shared zero page: read and never written, so already zero.
+    SharedZero,
+    /// Not in memory, yet not empty: swapped out (or on its way between places, which the
+    /// kernel reports the same way). Its data lives on outside the page tables.
+    Elsewhere,
+}
+
+/// Calls `each` with every run of pages within `range` (addresses, page-aligned) that the
+/// kernel holds something for, in address order; a page it does not report was never touched
+/// and reads as zero. Returns the address the scan reached: `range.end`, or less if the kernel
+/// refused a scan (none before Linux 6.7, or no `/proc`), the rest then unscanned.
+pub(super) fn scan_held_pages(
+    range: Range<usize>,
+    mut each: impl FnMut(Range<usize>, HeldPages),
+) -> usize {
+    let Some(pagemap) = pagemap() else {
+        return range.start;
+    };
+    // Runs per call: a reset finds a handful (a stack's top, a memory's data and stack); more
+    // only cost another call, which resumes where this one stopped.
+    let mut runs = [PageRegion::default(); 32];
+    let mut reached = range.start;
+    while reached < range.end {
+        let mut scan = ScanArguments::new(reached..range.end, &mut runs);
+        // SAFETY: `scan` describes a range of this process's address space (the kernel only
+        // reads its page tables) and points at `runs`, which outlives the call and whose
+        // length `scan` gives.
+        let found = unsafe { libc::ioctl(pagemap.as_raw_fd(), PAGEMAP_SCAN as _, &mut scan) };
+        let Ok(found) = usize::try_from(found) else {
+            return reached;
+        };
+        for run in &runs[..found.min(runs.len())] {
+            let pages = run.start as usize..run.end as usize;
+            if run.categories & PAGE_IS_PRESENT == 0 {
+                each(pages, HeldPages::Elsewhere);
+            } else if run.categories & PAGE_IS_PFNZERO != 0 {
+                each(pages, HeldPages::SharedZero);
+            } else {
+                each(pages, HeldPages::Resident);
+            }
+        }
+        // The kernel stops early when `runs` is full, and says where.
+        let walked_to = scan.walk_end as usize;
+        if walked_to <= reached {
+            return reached;
+        }
+        reached = walked_to.min(range.end);
+    }
+    reached
+}
+
+/// `/proc/self/pagemap`, opened once, if the kernel answers `PAGEMAP_SCAN` on it.
+fn pagemap() -> Option<&'static File> {
+    static PAGEMAP: OnceLock<Option<File>> = OnceLock::new();
+    PAGEMAP
+        .get_or_init(|| {
+            let file = File::open("/proc/self/pagemap").ok()?;
+            // An empty scan: a kernel without the ioctl fails it (ENOTTY), one with it finds
+            // nothing to report.
+            let mut scan = ScanArguments::new(0..0, &mut []);
+            // SAFETY: an empty range, and no room to write runs into.
+            let answered = unsafe { libc::ioctl(file.as_raw_fd(), PAGEMAP_SCAN as _, &mut scan) };
+            (answered >= 0).then_some(file)
+        })
+        .as_ref()
+}
+
+/// The page is mapped to memory (`PAGE_IS_PRESENT`).
+const PAGE_IS_PRESENT: u64 = 1 << 3;
+/// The page has a swap entry: swapped out, or a migration in progress (`PAGE_IS_SWAPPED`).
+const PAGE_IS_SWAPPED: u64 = 1 << 4;
+/// The page is the shared zero page (`PAGE_IS_PFNZERO`).
+const PAGE_IS_PFNZERO: u64 = 1 << 5;
+
+/// `_IOWR('f', 16, struct pm_scan_arg)` in the generic encoding (x86-64, arm64, riscv): read
+/// and write (3) in bits 30 and 31, the argument's size from bit 16, the type `'f'` from bit 8,
+/// the number 16. Where an architecture encodes it otherwise, the kernel answers ENOTTY and
+/// the pools use `mincore`.
+const PAGEMAP_SCAN: u64 =
+    (3 << 30) | ((size_of::<ScanArguments>() as u64) << 16) | ((b'f' as u64) << 8) | 16;
+
+/// The kernel's `struct page_region`: pages `start..end` share `categories`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+struct PageRegion {
+    start: u64,
+    end: u64,
+    categories: u64,
+}
+
+/// The kernel's `struct pm_scan_arg`.
+#[repr(C)]
+#[derive(Debug)]
+struct ScanArguments {
+    /// The structure's own size, so the kernel knows which version it reads.
+    size: u64,
+    /// No flags: report only, never write-protect.
+    flags: u64,
+    start: u64,
+    end: u64,
+    /// Written by the kernel: where the walk stopped.
+    walk_end: u64,
+    /// Where the kernel writes the runs it found, and how many fit.
+    vec: u64,
+    vec_len: u64,
+    /// Most pages to report; 0 is no limit.
+    max_pages: u64,
+    category_inverted: u64,
+    /// Categories a page must all have to be reported: none.
+    category_mask: u64,
+    /// Categories a page must have one of to be reported.
+    category_anyof_mask: u64,
+    /// Categories written into each run; pages merge into one run while these agree.
+    return_mask: u64,
+}
+
+impl ScanArguments {
+    /// A scan of `range` for pages present or swapped out, runs written into `runs`.
+    fn new(range: Range<usize>, runs: &mut [PageRegion]) -> ScanArguments {
+        ScanArguments {
+            size: size_of::<ScanArguments>() as u64,
+            flags: 0,
+            start: range.start as u64,
+            end: range.end as u64,
+            walk_end: 0,
+            vec: runs.as_mut_ptr() as u64,
+            vec_len: runs.len() as u64,
+            max_pages: 0,
+            category_inverted: 0,
+            category_mask: 0,
+            category_anyof_mask: PAGE_IS_PRESENT | PAGE_IS_SWAPPED,
+            return_mask: PAGE_IS_PRESENT | PAGE_IS_SWAPPED | PAGE_IS_PFNZERO,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A private anonymous mapping of `pages` pages, unmapped when dropped.
+    struct Scratch {
+        base: *mut u8,
+        len: usize,
+    }
+
+    impl Scratch {
+        fn new(pages: usize) -> Scratch {
+            let len = pages * page();
+            // SAFETY: a fresh anonymous mapping at an address of the kernel's choosing.
+            let base = unsafe {
+                libc::mmap(
+                    std::ptr::null_mut(),
+                    len,
+                    libc::PROT_READ | libc::PROT_WRITE,
+                    libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                    -1,
+                    0,
+                )
+            };
+            assert_ne!(base, libc::MAP_FAILED);
+            Scratch {
+                base: base.cast(),
+                len,
+            }
+        }
+
+        fn page_range(&self, pages: Range<usize>) -> Range<usize> {
+            self.base as usize + pages.start * page()..self.base as usize + pages.end * page()
+        }
+    }
+
+    impl Drop for Scratch {
+        fn drop(&mut self) {
+            // SAFETY: the mapping made in `new`.
+            unsafe { libc::munmap(self.base.cast(), self.len) };
+        }
+    }
+
+    fn page() -> usize {
+        // SAFETY: sysconf has no preconditions.
+        unsafe { libc::sysconf(libc::_SC_PAGESIZE) as usize }
+    }
+
+    fn scan(range: Range<usize>) -> (Vec<(Range<usize>, HeldPages)>, usize) {
+        let mut runs = Vec::new();
+        let reached = scan_held_pages(range, |pages, held| runs.push((pages, held)));
+        (runs, reached)
+    }
+
+    #[test]
+    fn written_pages_are_resident_read_ones_shared_zero_and_untouched_ones_not_reported() {
+        if pagemap().is_none() {
+            eprintln!("skipped: this kernel has no PAGEMAP_SCAN (the pools use mincore)");
+            return;
+        }
+        let scratch = Scratch::new(16);
+        // SAFETY: offsets inside the mapping.
+        unsafe {
+            scratch.base.add(2 * page()).write_volatile(1);
+            for index in 5..8 {
+                scratch.base.add(index * page() + 7).write_volatile(1);
+            }
+            let _ = scratch.base.add(9 * page()).read_volatile();
+        }
+        let whole = scratch.page_range(0..16);
+        let (runs, reached) = scan(whole.clone());
+        assert_eq!(reached, whole.end);
+        assert_eq!(
+            runs,
+            vec![
+                (scratch.page_range(2..3), HeldPages::Resident),
+                (scratch.page_range(5..8), HeldPages::Resident),
+                (scratch.page_range(9..10), HeldPages::SharedZero),
+            ]
+        );
+    }
+
+    #[test]
+    fn more_runs_than_one_call_holds_are_all_reported() {
+        if pagemap().is_none() {
+            eprintln!("skipped: this kernel has no PAGEMAP_SCAN (the pools use mincore)");
+            return;
+        }
+        // Every other page written: 100 runs of one page, more than the 32 a call reports.
+        let scratch = Scratch::new(200);
+        for index in (0..200).step_by(2) {
+            // SAFETY: inside the mapping.
+            unsafe { scratch.base.add(index * page()).write_volatile(1) };
+        }
+        let whole = scratch.page_range(0..200);
+        let (runs, reached) = scan(whole.clone());
+        assert_eq!(reached, whole.end);
+        let expected: Vec<_> = (0..200)
+            .step_by(2)
+            .map(|index| (scratch.page_range(index..index + 1), HeldPages::Resident))
+            .collect();
+        assert_eq!(runs, expected);
+    }
+
+    #[test]
+    fn a_scan_of_part_of_a_mapping_reports_only_that_part() {
+        if pagemap().is_none() {
+            eprintln!("skipped: this kernel has no PAGEMAP_SCAN (the pools use mincore)");
+            return;
+        }
+        let scratch = Scratch::new(8);
+        for index in 0..8 {
+            // SAFETY: inside the mapping.
+            unsafe { scratch.base.add(index * page()).write_volatile(1) };
+        }
+        let (runs, reached) = scan(scratch.page_range(3..5));
+        assert_eq!(reached, scratch.page_range(3..5).end);
+        assert_eq!(runs, vec![(scratch.page_range(3..5), HeldPages::Resident)]);
+    }
+}
