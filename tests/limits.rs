@@ -486,7 +486,7 @@ async fn send_whole(
 
 #[tokio::test]
 async fn a_client_that_sends_all_of_a_body_the_host_will_not_read_still_reads_its_answer() {
-    use host::edge::linger::LINGER_IDLE;
+    use host::edge::client_stream::LINGER_IDLE;
     let host = Host::builder().start();
     // Far more than the default 1 MiB limit, and more than the kernel's buffers on both ends
     // hold: the host must read and discard the rest, or the client's write fails on a reset.

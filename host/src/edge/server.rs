@@ -21,11 +21,10 @@ use hyper_util::server::graceful::GracefulShutdown;
 use tokio::net::TcpListener;
 use tracing::Instrument;
 
+use crate::edge::client_stream::{ClientStream, DrainOnClose, Linger};
 use crate::edge::connections::{AwaitNextHead, ConnectionTable, MAX_HEADER_BYTES, Phase, Ticket};
-use crate::edge::linger::{DrainOnClose, Linger, LingeringClose};
 use crate::edge::request_body::{BodyBuffers, BodyError, GuestRequestBody, ReadBody, read_body};
 use crate::edge::responses::{self, ResponseBody};
-use crate::edge::stall::StallGuard;
 use crate::error::{HostFault, RequestError, one_line};
 use crate::observability::metrics::{self, Metrics};
 use crate::observability::request_span;
@@ -417,8 +416,9 @@ pub async fn serve(listener: TcpListener, app: Arc<App>, shutdown: impl Future<O
             .header_read_timeout(HEADER_READ_TIMEOUT)
             .max_buf_size(MAX_HEADER_BYTES)
             .serve_connection(
-                TokioIo::new(LingeringClose::new(
-                    StallGuard::new(stream, WRITE_STALL_TIMEOUT),
+                TokioIo::new(ClientStream::new(
+                    stream,
+                    WRITE_STALL_TIMEOUT,
                     drain_on_close,
                     linger,
                 )),

@@ -1,17 +1,22 @@
-//! A connection closed after an answer that left part of its request unread.
+//! The socket of one client's connection, and what the host asks of it beyond reading and
+//! writing: to give up on a client that stops reading, and to close without resetting a client
+//! still sending a request the host answered before reading it whole.
 //!
-//! Closing a socket that still holds bytes the host did not read makes the kernel reset the
-//! connection instead of ending it. A client still sending the rest of a body over the limit
-//! then has its write fail (a broken pipe, or a reset that can discard the answer it has not
-//! read yet), and never sees the 413 it was sent. So, like a web server's lingering close, such a
-//! connection first ends its own side, then reads and discards what the client still sends,
-//! until the client closes, or sends nothing for [`LINGER_IDLE`], or has sent
+//! **Write stalls.** hyper times out a request head that does not arrive, but nothing times out
+//! a response the client does not read: once the socket's buffers are full, the connection (its
+//! file descriptor, its place under the connection cap) would wait for ever. Here a write that
+//! makes no progress for the stall time fails, and hyper closes the connection.
+//!
+//! **Lingering close.** Closing a socket that still holds bytes the host did not read makes the
+//! kernel reset the connection instead of ending it. A client still sending the rest of a body
+//! over the limit then has its write fail (a broken pipe, or a reset that can discard the answer
+//! it has not read yet), and never sees the 413 it was sent. So, like a web server's lingering
+//! close, such a connection first ends its own side, then reads and discards what the client
+//! still sends, until the client closes, or sends nothing for [`LINGER_IDLE`], or has sent
 //! [`MAX_DRAINED_BYTES`] beyond the body limit, or [`LINGER_TIME`] has passed, whichever comes
-//! first. Only then is the socket closed.
-//!
-//! A connection lingers only when the request path marked it ([`DrainOnClose`], set for every
-//! answer the host gives before it read the whole request). Idle connections closed at
-//! shutdown, which owe nothing, close at once.
+//! first. Only then is the socket closed. A connection lingers only when the request path
+//! marked it ([`DrainOnClose`], set for every answer the host gives before it read the whole
+//! request). Idle connections closed at shutdown, which owe nothing, close at once.
 
 use std::future::Future;
 use std::io;
@@ -75,9 +80,14 @@ impl Linger {
     }
 }
 
-/// `inner`, whose shutdown drains the client's unsent rest first when [`DrainOnClose`] is marked.
-pub struct LingeringClose<T> {
+/// A client's socket `inner`, whose writes fail with `TimedOut` after a stall, and whose shutdown
+/// drains the client's unsent rest first when [`DrainOnClose`] is marked.
+pub struct ClientStream<T> {
     inner: T,
+    /// How long a write may make no progress.
+    write_stall: Duration,
+    /// Started by a write that could not proceed, dropped by one that did.
+    stalled: Option<Pin<Box<Sleep>>>,
     drain_on_close: DrainOnClose,
     linger: Linger,
     /// Set once the host's side is shut: the drain under way.
@@ -92,19 +102,55 @@ struct Draining {
     discarded: u64,
 }
 
-impl<T> LingeringClose<T> {
-    /// Wraps `inner`; `drain_on_close` is the mark the request path sets.
-    pub fn new(inner: T, drain_on_close: DrainOnClose, linger: Linger) -> LingeringClose<T> {
-        LingeringClose {
+impl<T> ClientStream<T> {
+    /// Wraps `inner`: a write fails after `write_stall` without progress; `drain_on_close` is
+    /// the mark the request path sets, `linger` the bounds of the drain it asks for.
+    pub fn new(
+        inner: T,
+        write_stall: Duration,
+        drain_on_close: DrainOnClose,
+        linger: Linger,
+    ) -> ClientStream<T> {
+        ClientStream {
             inner,
+            write_stall,
+            stalled: None,
             drain_on_close,
             linger,
             draining: None,
         }
     }
+
+    /// Passes on a write's `outcome`; a write still pending once the stall time has passed
+    /// without progress fails instead.
+    fn watch_stall<R>(
+        &mut self,
+        cx: &mut Context<'_>,
+        outcome: Poll<io::Result<R>>,
+    ) -> Poll<io::Result<R>> {
+        match outcome {
+            Poll::Ready(result) => {
+                self.stalled = None;
+                Poll::Ready(result)
+            }
+            Poll::Pending => {
+                let write_stall = self.write_stall;
+                let clock = self
+                    .stalled
+                    .get_or_insert_with(|| Box::pin(tokio::time::sleep(write_stall)));
+                match clock.as_mut().poll(cx) {
+                    Poll::Ready(()) => Poll::Ready(Err(io::Error::new(
+                        io::ErrorKind::TimedOut,
+                        "the client stopped reading",
+                    ))),
+                    Poll::Pending => Poll::Pending,
+                }
+            }
+        }
+    }
 }
 
-impl<T: AsyncRead + AsyncWrite + Unpin> LingeringClose<T> {
+impl<T: AsyncRead + AsyncWrite + Unpin> ClientStream<T> {
     /// Reads and discards until the client closes or errs, or a bound is reached.
     fn poll_drain(&mut self, cx: &mut Context<'_>) -> Poll<()> {
         let Some(draining) = self.draining.as_mut() else {
@@ -137,7 +183,7 @@ impl<T: AsyncRead + AsyncWrite + Unpin> LingeringClose<T> {
     }
 }
 
-impl<T: AsyncRead + Unpin> AsyncRead for LingeringClose<T> {
+impl<T: AsyncRead + Unpin> AsyncRead for ClientStream<T> {
     fn poll_read(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -147,13 +193,14 @@ impl<T: AsyncRead + Unpin> AsyncRead for LingeringClose<T> {
     }
 }
 
-impl<T: AsyncRead + AsyncWrite + Unpin> AsyncWrite for LingeringClose<T> {
+impl<T: AsyncRead + AsyncWrite + Unpin> AsyncWrite for ClientStream<T> {
     fn poll_write(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.inner).poll_write(cx, buf)
+        let outcome = Pin::new(&mut self.inner).poll_write(cx, buf);
+        self.watch_stall(cx, outcome)
     }
 
     fn poll_write_vectored(
@@ -161,7 +208,8 @@ impl<T: AsyncRead + AsyncWrite + Unpin> AsyncWrite for LingeringClose<T> {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
+        let outcome = Pin::new(&mut self.inner).poll_write_vectored(cx, bufs);
+        self.watch_stall(cx, outcome)
     }
 
     fn is_write_vectored(&self) -> bool {
@@ -169,7 +217,8 @@ impl<T: AsyncRead + AsyncWrite + Unpin> AsyncWrite for LingeringClose<T> {
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.inner).poll_flush(cx)
+        let outcome = Pin::new(&mut self.inner).poll_flush(cx);
+        self.watch_stall(cx, outcome)
     }
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
@@ -208,13 +257,13 @@ mod tests {
     /// Far past every bound: a drain still running then never ends.
     const NEVER: Duration = Duration::from_secs(600);
 
-    fn marked(inner: DuplexStream) -> LingeringClose<DuplexStream> {
+    fn marked(inner: DuplexStream) -> ClientStream<DuplexStream> {
         let drain_on_close = DrainOnClose::default();
         drain_on_close.mark();
-        LingeringClose::new(inner, drain_on_close, SHORT)
+        ClientStream::new(inner, NEVER, drain_on_close, SHORT)
     }
 
-    fn discarded(connection: &LingeringClose<DuplexStream>) -> u64 {
+    fn discarded(connection: &ClientStream<DuplexStream>) -> u64 {
         connection
             .draining
             .as_ref()
@@ -290,7 +339,7 @@ mod tests {
     async fn an_unmarked_connection_closes_at_once_without_reading() {
         let (host_side, mut client) = tokio::io::duplex(4096);
         client.write_all(b"unread").await.unwrap();
-        let mut host_side = LingeringClose::new(host_side, DrainOnClose::default(), SHORT);
+        let mut host_side = unmarked(host_side, NEVER);
         let started = Instant::now();
         timeout(NEVER, host_side.shutdown()).await.unwrap().unwrap();
         assert_eq!(started.elapsed(), Duration::ZERO);
@@ -302,5 +351,40 @@ mod tests {
         let linger = Linger::for_body_limit(10 << 20);
         assert_eq!(linger.max_bytes, (10 << 20) + MAX_DRAINED_BYTES);
         assert_eq!(Linger::for_body_limit(usize::MAX).max_bytes, u64::MAX);
+    }
+
+    /// `inner` with a write stall of `write_stall`, never marked to drain.
+    fn unmarked(inner: DuplexStream, write_stall: Duration) -> ClientStream<DuplexStream> {
+        ClientStream::new(inner, write_stall, DrainOnClose::default(), SHORT)
+    }
+
+    #[tokio::test]
+    async fn a_write_the_peer_never_reads_fails_after_the_stall_time() {
+        let (writer, _reader_that_never_reads) = tokio::io::duplex(1024);
+        let mut guarded = unmarked(writer, Duration::from_millis(100));
+        let started = std::time::Instant::now();
+        let error = guarded.write_all(&[0; 64 * 1024]).await.unwrap_err();
+        assert_eq!(error.kind(), io::ErrorKind::TimedOut);
+        assert!(started.elapsed() < Duration::from_secs(2));
+    }
+
+    #[tokio::test]
+    async fn a_slow_but_steady_reader_is_served_in_full() {
+        let (writer, mut reader) = tokio::io::duplex(1024);
+        let mut guarded = unmarked(writer, Duration::from_millis(200));
+        let reading = tokio::spawn(async move {
+            let mut total = 0;
+            let mut buf = [0; 512];
+            loop {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+                match reader.read(&mut buf).await.unwrap() {
+                    0 => return total,
+                    n => total += n,
+                }
+            }
+        });
+        guarded.write_all(&[1; 16 * 1024]).await.unwrap();
+        drop(guarded);
+        assert_eq!(reading.await.unwrap(), 16 * 1024);
     }
 }
