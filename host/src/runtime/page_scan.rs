@@ -191,6 +191,13 @@ mod tests {
             }
         }
 
+        /// Writes a byte into page `index`, at `offset` within it.
+        fn write(&self, index: usize, offset: usize) {
+            assert!(index * page() + offset < self.len);
+            // SAFETY: inside the mapping, as checked above.
+            unsafe { self.base.add(index * page() + offset).write_volatile(1) };
+        }
+
         fn page_range(&self, pages: Range<usize>) -> Range<usize> {
             self.base as usize + pages.start * page()..self.base as usize + pages.end * page()
         }
@@ -208,6 +215,15 @@ mod tests {
         unsafe { libc::sysconf(libc::_SC_PAGESIZE) as usize }
     }
 
+    /// Whether this kernel answers `PAGEMAP_SCAN`; a test that needs it says it is skipped.
+    fn kernel_scans() -> bool {
+        let scans = pagemap().is_some();
+        if !scans {
+            eprintln!("skipped: this kernel has no PAGEMAP_SCAN (the pools use mincore)");
+        }
+        scans
+    }
+
     fn scan(range: Range<usize>) -> (Vec<(Range<usize>, HeldPages)>, usize) {
         let mut runs = Vec::new();
         let reached = scan_held_pages(range, |pages, held| runs.push((pages, held)));
@@ -216,19 +232,16 @@ mod tests {
 
     #[test]
     fn written_pages_are_resident_read_ones_shared_zero_and_untouched_ones_not_reported() {
-        if pagemap().is_none() {
-            eprintln!("skipped: this kernel has no PAGEMAP_SCAN (the pools use mincore)");
+        if !kernel_scans() {
             return;
         }
         let scratch = Scratch::new(16);
-        // SAFETY: offsets inside the mapping.
-        unsafe {
-            scratch.base.add(2 * page()).write_volatile(1);
-            for index in 5..8 {
-                scratch.base.add(index * page() + 7).write_volatile(1);
-            }
-            let _ = scratch.base.add(9 * page()).read_volatile();
+        scratch.write(2, 0);
+        for index in 5..8 {
+            scratch.write(index, 7);
         }
+        // SAFETY: inside the mapping.
+        let _ = unsafe { scratch.base.add(9 * page()).read_volatile() };
         let whole = scratch.page_range(0..16);
         let (runs, reached) = scan(whole.clone());
         assert_eq!(reached, whole.end);
@@ -244,15 +257,13 @@ mod tests {
 
     #[test]
     fn more_runs_than_one_call_holds_are_all_reported() {
-        if pagemap().is_none() {
-            eprintln!("skipped: this kernel has no PAGEMAP_SCAN (the pools use mincore)");
+        if !kernel_scans() {
             return;
         }
         // Every other page written: 100 runs of one page, more than the 32 a call reports.
         let scratch = Scratch::new(200);
         for index in (0..200).step_by(2) {
-            // SAFETY: inside the mapping.
-            unsafe { scratch.base.add(index * page()).write_volatile(1) };
+            scratch.write(index, 0);
         }
         let whole = scratch.page_range(0..200);
         let (runs, reached) = scan(whole.clone());
@@ -266,14 +277,12 @@ mod tests {
 
     #[test]
     fn a_scan_of_part_of_a_mapping_reports_only_that_part() {
-        if pagemap().is_none() {
-            eprintln!("skipped: this kernel has no PAGEMAP_SCAN (the pools use mincore)");
+        if !kernel_scans() {
             return;
         }
         let scratch = Scratch::new(8);
         for index in 0..8 {
-            // SAFETY: inside the mapping.
-            unsafe { scratch.base.add(index * page()).write_volatile(1) };
+            scratch.write(index, 0);
         }
         let (runs, reached) = scan(scratch.page_range(3..5));
         assert_eq!(reached, scratch.page_range(3..5).end);
