@@ -298,8 +298,9 @@ fn request_id(headers: &HeaderMap) -> HeaderValue {
         })
         .cloned()
         .unwrap_or_else(|| {
-            let id = uuid::Uuid::new_v4().hyphenated().to_string();
-            HeaderValue::from_str(&id).expect("a UUID is a valid header value")
+            let mut text = [0; uuid::fmt::Hyphenated::LENGTH];
+            let id = uuid::Uuid::new_v4().hyphenated().encode_lower(&mut text);
+            HeaderValue::from_str(id).expect("a UUID is a valid header value")
         })
 }
 
@@ -309,7 +310,7 @@ struct LeavesRequestUnread;
 
 /// `response`, with the connection closed after it: the host answers before it has read the
 /// whole request, and what is left of it must not be read as the next one. The connection
-/// drains what the client still sends before it closes ([`crate::edge::linger`]).
+/// drains what the client still sends before it closes ([`crate::edge::client_stream`]).
 fn closing(mut response: Response<ResponseBody>) -> Response<ResponseBody> {
     response
         .headers_mut()
