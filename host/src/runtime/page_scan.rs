@@ -56,7 +56,11 @@ pub(super) fn scan_held_pages(
             return reached;
         };
         for run in &runs[..found.min(runs.len())] {
-            let pages = run.start as usize..run.end as usize;
+            // Within what was asked, whatever the kernel wrote: the caller writes to these pages.
+            let pages = (run.start as usize).max(reached)..(run.end as usize).min(range.end);
+            if pages.is_empty() {
+                continue;
+            }
             if run.categories & PAGE_IS_PRESENT == 0 {
                 each(pages, HeldPages::Elsewhere);
             } else if run.categories & PAGE_IS_PFNZERO != 0 {
