@@ -101,10 +101,11 @@ impl Mapping {
     /// Within the first `keep_resident` bytes of the range, the pages in memory are written
     /// with zeroes and stay resident for the next user (no page fault, and no TLB flush, which
     /// giving a present page back would cost); pages swapped out are given back with
-    /// `MADV_DONTNEED`, which drops the last user's data from swap too; pages never touched
+    /// `MADV_DONTNEED`, which drops their swapped copy; pages never touched
     /// already read as zero and are left alone. Everything past the kept bytes is given back.
     /// The page tables say which page is which ([`scan_held_pages`]); where the kernel cannot
-    /// tell, [`Mapping::reset_by_residency`] decides from `mincore`.
+    /// tell (no such scan, or one that failed partway), [`Mapping::reset_by_residency`] decides
+    /// the rest from `mincore`.
     fn reset(&self, range: Range<usize>, keep_resident: usize) {
         let page = page_size();
         let start = range.start / page * page;
