@@ -179,56 +179,49 @@ impl ScanArguments {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::runtime::pool::{Mapping, page_size};
 
     /// A private anonymous mapping of `pages` pages, unmapped when dropped.
+    /// A mapping of the pools' kind, `len` bytes, with page-indexed helpers.
     struct Scratch {
-        base: *mut u8,
+        mapping: Mapping,
         len: usize,
     }
 
     impl Scratch {
         fn new(pages: usize) -> Scratch {
             let len = pages * page();
-            // SAFETY: a fresh anonymous mapping at an address of the kernel's choosing.
-            let base = unsafe {
-                libc::mmap(
-                    std::ptr::null_mut(),
-                    len,
-                    libc::PROT_READ | libc::PROT_WRITE,
-                    libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                    -1,
-                    0,
-                )
-            };
-            assert_ne!(base, libc::MAP_FAILED);
-            Scratch {
-                base: base.cast(),
-                len,
-            }
+            let mapping = Mapping::new(len).expect("a scratch mapping");
+            Scratch { mapping, len }
         }
 
         /// Writes a byte into page `index`, at `offset` within it.
         fn write(&self, index: usize, offset: usize) {
             assert!(index * page() + offset < self.len);
             // SAFETY: inside the mapping, as checked above.
-            unsafe { self.base.add(index * page() + offset).write_volatile(1) };
+            unsafe {
+                self.mapping
+                    .ptr()
+                    .add(index * page() + offset)
+                    .write_volatile(1)
+            };
+        }
+
+        /// Reads a byte of page `index`.
+        fn read(&self, index: usize) -> u8 {
+            assert!(index * page() < self.len);
+            // SAFETY: inside the mapping, as checked above.
+            unsafe { self.mapping.ptr().add(index * page()).read_volatile() }
         }
 
         fn page_range(&self, pages: Range<usize>) -> Range<usize> {
-            self.base as usize + pages.start * page()..self.base as usize + pages.end * page()
-        }
-    }
-
-    impl Drop for Scratch {
-        fn drop(&mut self) {
-            // SAFETY: the mapping made in `new`.
-            unsafe { libc::munmap(self.base.cast(), self.len) };
+            let base = self.mapping.ptr() as usize;
+            base + pages.start * page()..base + pages.end * page()
         }
     }
 
     fn page() -> usize {
-        // SAFETY: sysconf has no preconditions.
-        unsafe { libc::sysconf(libc::_SC_PAGESIZE) as usize }
+        page_size()
     }
 
     /// Whether this kernel answers `PAGEMAP_SCAN`; a test that needs it says it is skipped.
@@ -307,8 +300,7 @@ mod tests {
         for index in 5..8 {
             scratch.write(index, 7);
         }
-        // SAFETY: inside the mapping.
-        let _ = unsafe { scratch.base.add(9 * page()).read_volatile() };
+        scratch.read(9);
         let whole = scratch.page_range(0..16);
         let (runs, reached) = scan(whole.clone());
         assert_eq!(reached, whole.end);

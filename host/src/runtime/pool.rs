@@ -58,7 +58,7 @@ const KEEP_RESIDENT_BYTES: usize = 2 << 20;
 pub const POOL_TRIM_PERIOD: Duration = Duration::from_secs(5);
 
 /// An anonymous private mapping, unmapped when dropped.
-struct Mapping {
+pub(super) struct Mapping {
     base: NonNull<u8>,
     len: usize,
 }
@@ -70,7 +70,7 @@ unsafe impl Sync for Mapping {}
 
 impl Mapping {
     /// `len` bytes, read/write, backed by physical pages only once touched.
-    fn new(len: usize) -> Result<Mapping, String> {
+    pub(super) fn new(len: usize) -> Result<Mapping, String> {
         // SAFETY: a fresh anonymous mapping at an address of the kernel's choosing.
         let base = unsafe {
             libc::mmap(
@@ -92,7 +92,7 @@ impl Mapping {
         Ok(Mapping { base, len })
     }
 
-    fn ptr(&self) -> *mut u8 {
+    pub(super) fn ptr(&self) -> *mut u8 {
         self.base.as_ptr()
     }
 
@@ -212,7 +212,7 @@ fn swap_configured() -> bool {
     !known || info.totalswap > 0
 }
 
-fn page_size() -> usize {
+pub(super) fn page_size() -> usize {
     // SAFETY: sysconf has no preconditions.
     usize::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap_or(4096)
 }
