@@ -285,6 +285,45 @@ async fn log_lines_are_json_and_carry_the_request_id_and_trace_id() {
 }
 
 #[tokio::test]
+async fn log_lines_carry_a_trace_id_when_spans_are_not_exported() {
+    for settings in [
+        ("OTEL_TRACES_EXPORTER", "none"),
+        ("OTEL_SDK_DISABLED", "true"),
+    ] {
+        let host = Host::builder().env(&[settings]).start();
+        client()
+            .get(host.url("/api/health"))
+            .header("x-request-id", "untraced-1")
+            .header(
+                "traceparent",
+                "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+            )
+            .send()
+            .await
+            .unwrap();
+        get_with_id(&host, "/api/health", "untraced-2").await;
+        get_with_id(&host, "/api/health", "untraced-3").await;
+
+        let continued = host.wait_for_log(|line| line["request_id"] == "untraced-1");
+        assert_eq!(
+            continued["trace_id"], "0af7651916cd43dd8448eb211c80319c",
+            "{settings:?}: {continued}"
+        );
+        let ids = |request_id: &str| {
+            let line = host.wait_for_log(|line| line["request_id"] == request_id);
+            let trace_id = line["trace_id"].as_str().unwrap_or_default().to_string();
+            let span_id = line["span_id"].as_str().unwrap_or_default().to_string();
+            assert_eq!(trace_id.len(), 32, "{settings:?}: {line}");
+            assert_eq!(span_id.len(), 16, "{settings:?}: {line}");
+            assert_ne!(trace_id, "0".repeat(32), "{settings:?}: {line}");
+            trace_id
+        };
+        // A request without a caller's trace starts one of its own.
+        assert_ne!(ids("untraced-2"), ids("untraced-3"), "{settings:?}");
+    }
+}
+
+#[tokio::test]
 async fn creations_computations_and_validation_failures_are_logged() {
     let host = Host::builder().start();
     post_with_id(

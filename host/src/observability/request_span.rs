@@ -3,7 +3,8 @@
 
 use http::{HeaderMap, Method};
 use opentelemetry::propagation::Extractor;
-use opentelemetry::trace::TraceContextExt;
+use opentelemetry::trace::{SpanContext, SpanId, TraceContextExt, TraceId};
+use opentelemetry_sdk::trace::{IdGenerator, RandomIdGenerator};
 use tracing::field::Empty;
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 
@@ -67,15 +68,30 @@ pub fn request_span(
     let caller = opentelemetry::global::get_text_map_propagator(|propagator| {
         propagator.extract(&HeaderExtractor(headers))
     });
-    // Fails only where no span is exported (no OpenTelemetry layer): there is no trace to join.
+    let caller_trace = caller.span().span_context().trace_id();
+    // Fails only where no span is exported (no OpenTelemetry layer).
     let _ = span.set_parent(caller);
-    let context = span.context();
-    let span_context = context.span().span_context().clone();
-    if span_context.is_valid() {
-        span.record("trace_id", span_context.trace_id().to_string());
-        span.record("span_id", span_context.span_id().to_string());
-    }
+    let (trace_id, span_id) = log_ids(span.context().span().span_context(), caller_trace);
+    span.record("trace_id", trace_id.to_string());
+    span.record("span_id", span_id.to_string());
     span
+}
+
+/// The trace and span ids the request's log lines carry: the exported span's, or, where spans
+/// are not exported (`OTEL_TRACES_EXPORTER=none`, `OTEL_SDK_DISABLED`), ids of the host's own:
+/// the caller's trace when it sent one (`caller_trace` is valid), else a new one, so that every
+/// line of a request still carries a trace id to correlate by.
+fn log_ids(exported: &SpanContext, caller_trace: TraceId) -> (TraceId, SpanId) {
+    if exported.is_valid() {
+        return (exported.trace_id(), exported.span_id());
+    }
+    let ids = RandomIdGenerator::default();
+    let trace_id = if caller_trace == TraceId::INVALID {
+        ids.new_trace_id()
+    } else {
+        caller_trace
+    };
+    (trace_id, ids.new_span_id())
 }
 
 /// Records the answer on the request span: its route in the name (`HTTP <METHOD> <route>`) and,
@@ -124,7 +140,40 @@ impl Extractor for HeaderExtractor<'_> {
 
 #[cfg(test)]
 mod tests {
+    use opentelemetry::trace::{TraceFlags, TraceState};
+
     use super::*;
+
+    #[test]
+    fn log_ids_are_the_exported_spans_when_there_is_one() {
+        let exported = SpanContext::new(
+            TraceId::from(7),
+            SpanId::from(9),
+            TraceFlags::SAMPLED,
+            true,
+            TraceState::NONE,
+        );
+        assert_eq!(
+            log_ids(&exported, TraceId::from(3)),
+            (TraceId::from(7), SpanId::from(9))
+        );
+    }
+
+    #[test]
+    fn without_an_exported_span_the_log_ids_continue_the_callers_trace() {
+        let (trace_id, span_id) = log_ids(&SpanContext::NONE, TraceId::from(3));
+        assert_eq!(trace_id, TraceId::from(3));
+        assert_ne!(span_id, SpanId::INVALID);
+    }
+
+    #[test]
+    fn without_an_exported_span_or_a_caller_each_request_starts_a_trace_of_its_own() {
+        let (first, first_span) = log_ids(&SpanContext::NONE, TraceId::INVALID);
+        let (second, _) = log_ids(&SpanContext::NONE, TraceId::INVALID);
+        assert_ne!(first, TraceId::INVALID);
+        assert_ne!(first_span, SpanId::INVALID);
+        assert_ne!(first, second);
+    }
 
     #[test]
     fn only_the_nine_standard_methods_are_named() {
