@@ -17,6 +17,11 @@ def rps(run):
     return run["requests"] / (run["duration_us"] / 1e6) if run else None
 
 
+def cpu_us(run):
+    """The server's CPU time (user and system) per request over the run, in µs."""
+    return run["server_cpu_ms"] * 1000 / run["requests"] if run and "server_cpu_ms" in run and run["requests"] else None
+
+
 def read(name):
     """The run stored under `name`; of several (throughput rounds), the one with most requests/s."""
     path = results / f"{name}.json"
@@ -47,6 +52,7 @@ contenders = [
 ]
 runs = {name: read(name) for name, _ in contenders}
 throughput = {name: rps(run) for name, run in runs.items()}
+cpu = {name: cpu_us(run) for name, run in runs.items()}
 
 serve = throughput["wasmtime-serve-minimal"]
 fib = read("fib30")
@@ -78,7 +84,14 @@ rows = [
      ratio(throughput["host-nostd"], throughput["wasmtime-serve-nostd"]), ">= 2.0",
      lambda v: v >= 2.0, "{:.2f}"),
     ("throughput, host + real guest (full telemetry) / wasmtime serve + minimal guest",
-     ratio(throughput["host-real"], serve), ">= 1.0", lambda v: v >= 1.0, "{:.2f}"),
+     ratio(throughput["host-real"], serve), ">= 2.0", lambda v: v >= 2.0, "{:.2f}"),
+    ("throughput, host + real guest (full telemetry) / host + minimal guest",
+     ratio(throughput["host-real"], throughput["host-minimal"]), ">= 0.85", lambda v: v >= 0.85,
+     "{:.2f}"),
+    ("reference: server CPU per request, wasmtime serve + minimal guest / host + real guest",
+     ratio(cpu["wasmtime-serve-minimal"], cpu["host-real"]), "", None, "{:.2f}"),
+    ("reference: server CPU per request, host + minimal guest / host + real guest",
+     ratio(cpu["host-minimal"], cpu["host-real"]), "", None, "{:.2f}"),
     ("throughput, host + real guest with OTLP/HTTP export / with Jaeger agent export",
      ratio(throughput["host-real-otlp"], throughput["host-real"]), "", None, "{:.2f}"),
     *[(f"throughput, host + real guest, {label} over OTLP / nothing exported",
@@ -143,16 +156,18 @@ for label, value, target, ok, fmt in rows:
         met = "n/a" if value is None else ("yes" if ok(value) else "**no**")
     table.append(f"| {label} | {cell(value, fmt)} | {target} | {met} |")
 
-contender_table = ["| Contender | requests/s | p50 (ms) | p99 (ms) | non-2xx + socket errors | / native |",
-                   "|---|---|---|---|---|---|"]
+contender_table = ["| Contender | requests/s | server CPU per request (µs) | p50 (ms) | p99 (ms) "
+                   "| non-2xx + socket errors | / native |",
+                   "|---|---|---|---|---|---|---|"]
 for name, label in contenders:
     run = runs[name]
     if not run:
-        contender_table.append(f"| {label} | not run | | | | |")
+        contender_table.append(f"| {label} | not run | | | | | |")
         continue
     contender_table.append(
-        f"| {label} | {throughput[name]:,.0f} | {run['p50_us'] / 1000:.2f} | {run['p99_us'] / 1000:.2f} "
-        f"| {run['non_2xx'] + run['socket_errors']} | {throughput[name] / throughput['native-hyper']:.3f} |")
+        f"| {label} | {throughput[name]:,.0f} | {cell(cpu[name], '{:.1f}')} | {run['p50_us'] / 1000:.2f} "
+        f"| {run['p99_us'] / 1000:.2f} | {run['non_2xx'] + run['socket_errors']} "
+        f"| {throughput[name] / throughput['native-hyper']:.3f} |")
 store_table = ["| Store | request | requests/s | p50 (ms) | p99 (ms) | non-2xx + socket errors |",
                "|---|---|---|---|---|---|"]
 for store, label in stores:
@@ -216,7 +231,9 @@ Written by `make bench` (bench/run.sh, bench/report.py) from one run; every rati
 contenders measured one after the other in that run. Throughput is measured in two rounds, in
 opposite orders, and each contender's better round is kept: a neighbour on a shared machine
 can only slow a run down. Absolute numbers move with the machine and its neighbours; the
-ratios are what to compare between runs.
+ratios are what to compare between runs. Beside each round's requests/s, the server's own CPU
+time (user and system, from `/proc`) divided by the requests it served: wrk shares the two
+cores, so requests/s also moves with wrk's share, and CPU per request moves less.
 
 Machine: {machine}.
 

@@ -69,12 +69,22 @@ wait_ready() {
   echo "no answer from $1" >&2; exit 1
 }
 
-# Runs wrk against $2 and appends its JSON line to $RESULTS/$1.json; a third argument is a
-# wrk script of its own to use instead of the plain report.
+# The CPU time, user and system, in milliseconds, that process $1 has used so far.
+cpu_ms() {
+  # utime and stime are the 14th and 15th fields, counted after the name in parentheses (which
+  # may hold spaces).
+  sed 's/.*) //' "/proc/$1/stat" | awk -v tck="$(getconf CLK_TCK)" '{print int(($12 + $13) * 1000 / tck)}'
+}
+
+# Runs wrk against $2 and appends its JSON line to $RESULTS/$1.json, with the CPU the server
+# (the last process started) used meanwhile: CPU per request moves less with the machine's
+# neighbours than requests/s does. A third argument is a wrk script of its own to use instead
+# of the plain report.
 load() {
-  local name=$1 url=$2 script=${3:-bench/wrk-report.lua}
-  wrk -t2 -c$CONNECTIONS -d"${SECONDS_PER_RUN}s" --latency -s "$script" "$url" \
-    | grep '^{' >> "$RESULTS/$name.json"
+  local name=$1 url=$2 script=${3:-bench/wrk-report.lua} server=${PIDS[-1]} before line
+  before=$(cpu_ms "$server")
+  line=$(wrk -t2 -c$CONNECTIONS -d"${SECONDS_PER_RUN}s" --latency -s "$script" "$url" | grep '^{')
+  echo "${line%\}},\"server_cpu_ms\":$(( $(cpu_ms "$server") - before ))}" >> "$RESULTS/$name.json"
   echo "  $name: $(tail -1 "$RESULTS/$name.json")"
 }
 
