@@ -363,6 +363,10 @@ async fn a_host_header_that_is_not_an_authority_is_a_400_not_a_server_fault() {
         &b"GET /api/health HTTP/1.1\r\nHost: \xff\r\nConnection: close\r\n\r\n"[..],
         b"GET /api/health HTTP/1.1\r\nHost: a b\r\nConnection: close\r\n\r\n",
         b"GET /api/health HTTP/1.1\r\nHost: a\r\nHost: b\r\nConnection: close\r\n\r\n",
+        b"GET /api/health HTTP/1.1\r\nHost: a:b\r\nConnection: close\r\n\r\n",
+        b"GET /api/health HTTP/1.1\r\nHost: a@b\r\nConnection: close\r\n\r\n",
+        // RFC 9112: an HTTP/1.1 request without `Host` is a 400 (HTTP/1.0 may omit it).
+        b"GET /api/health HTTP/1.1\r\nConnection: close\r\n\r\n",
     ] {
         let answer = raw_request(host.authority(), request).await;
         assert!(answer.starts_with("HTTP/1.1 400"), "{answer}");
@@ -482,6 +486,50 @@ async fn send_whole(
     })
     .await
     .unwrap()
+}
+
+#[tokio::test]
+async fn the_metrics_page_answers_a_body_over_the_limit_413_after_a_wrong_methods_405() {
+    let host = Host::builder().env(&[("MAX_BODY_BYTES", "100")]).start();
+    let over = "x".repeat(101);
+    let requests = [
+        (
+            format!("GET /metrics HTTP/1.1\r\nHost: t\r\nContent-Length: 101\r\n\r\n{over}"),
+            "413",
+        ),
+        // 0x65 = 101 bytes, known over the limit only once read.
+        (
+            format!(
+                "GET /metrics HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n\
+                 65\r\n{over}\r\n0\r\n\r\n"
+            ),
+            "413",
+        ),
+        (
+            format!("POST /metrics HTTP/1.1\r\nHost: t\r\nContent-Length: 101\r\n\r\n{over}"),
+            "405",
+        ),
+        (
+            "GET /metrics HTTP/1.1\r\nHost: t\r\nContent-Length: 5\r\nConnection: close\r\n\r\nsmall"
+                .to_string(),
+            "200",
+        ),
+    ];
+    for (request, status) in requests {
+        let answer = raw_request(host.authority(), request.as_bytes()).await;
+        assert!(
+            answer.starts_with(&format!("HTTP/1.1 {status}")),
+            "{request:?}: {answer}"
+        );
+        if status == "413" {
+            assert!(
+                answer.ends_with(r#"{"error":"Request body too large"}"#),
+                "{answer}"
+            );
+            assert!(answer.contains("x-request-id: "), "{answer}");
+        }
+    }
+    assert_still_serving(&host).await;
 }
 
 #[tokio::test]

@@ -11,7 +11,9 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use http::{HeaderMap, HeaderName, HeaderValue, Method, Request, Response, StatusCode, header};
+use http::{
+    HeaderMap, HeaderName, HeaderValue, Method, Request, Response, StatusCode, Version, header,
+};
 use http_body_util::BodyExt;
 use hyper::body::{Body as _, Incoming};
 use hyper::server::conn::http1;
@@ -140,21 +142,11 @@ impl App {
         matched_route: &Arc<MatchedRoute>,
         host_fault: &Arc<HostFault>,
     ) -> Response<ResponseBody> {
-        if !has_valid_host(request.headers()) {
+        if !has_valid_host(request.version(), request.headers()) {
             let refused = responses::error(StatusCode::BAD_REQUEST, responses::BAD_HOST);
             return closing_if_unread(refused, request.body());
         }
         let connection = request.extensions().get::<Arc<Ticket>>().cloned();
-        if request.uri().path() == routes::METRICS_PATH {
-            if let Some(connection) = &connection {
-                connection.enter(Phase::Answering);
-            }
-            if let Some(route) = matched_route.set(Arc::from(routes::METRICS_PATH)) {
-                span.record("http.route", &*route);
-            }
-            let page = self.metrics_page(request.method()).await;
-            return closing_if_unread(page, request.body());
-        }
         let (mut parts, body) = request.into_parts();
         let reading = read_body(
             body,
@@ -196,6 +188,22 @@ impl App {
             connection.enter(Phase::Answering);
         }
         let left_unread = body == ReadBody::OverLimit;
+        if parts.uri.path() == routes::METRICS_PATH {
+            if let Some(route) = matched_route.set(Arc::from(routes::METRICS_PATH)) {
+                span.record("http.route", &*route);
+            }
+            // The contract's order holds here too: a wrong method (405) before a body over the
+            // limit (413).
+            let page = self.metrics_page(&parts.method).await;
+            return match (left_unread, page.status()) {
+                (false, _) => page,
+                (true, StatusCode::METHOD_NOT_ALLOWED) => closing(page),
+                (true, _) => closing(responses::error(
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    responses::BODY_TOO_LARGE,
+                )),
+            };
+        }
         let (body, over_limit_read) = GuestRequestBody::new(body, reservation);
         parts.headers.insert(REQUEST_ID, request_id.clone());
         let no_host = parts
@@ -333,17 +341,34 @@ fn is_closing<B>(response: &Response<B>) -> bool {
     response.extensions().get::<LeavesRequestUnread>().is_some()
 }
 
-/// Whether the request has at most one `Host` header, and that one (if any) is a valid
-/// authority: a client error otherwise, never handed to the guest (wasi:http would refuse it).
-fn has_valid_host(headers: &HeaderMap) -> bool {
+/// Whether the request's `Host` is as RFC 9112 (section 3.2) requires: exactly one, a host and
+/// an optional port of digits (no user info), and present in every HTTP/1.1 request. A client
+/// error otherwise, never handed to the guest (wasi:http would refuse some of these).
+fn has_valid_host(version: Version, headers: &HeaderMap) -> bool {
     let mut hosts = headers.get_all(header::HOST).iter();
     match (hosts.next(), hosts.next()) {
-        (None, _) => true,
+        // HTTP/1.0 clients may omit it.
+        (None, _) => version < Version::HTTP_11,
         // Empty is allowed: the form a client sends for a target without an authority.
-        (Some(host), None) => {
-            host.is_empty() || http::uri::Authority::try_from(host.as_bytes()).is_ok()
-        }
+        (Some(host), None) => host.is_empty() || is_host_and_port(host.as_bytes()),
         (Some(_), Some(_)) => false,
+    }
+}
+
+/// Whether `text` is `host[:port]`: an authority without user info whose port, if any, is
+/// digits (the `http` crate's parser also takes `a@b` and `a:b`).
+fn is_host_and_port(text: &[u8]) -> bool {
+    let Ok(authority) = http::uri::Authority::try_from(text) else {
+        return false;
+    };
+    if authority.as_str().contains('@') {
+        return false;
+    }
+    match authority.as_str().strip_prefix(authority.host()) {
+        Some(rest) => rest.strip_prefix(':').map_or(rest.is_empty(), |port| {
+            port.bytes().all(|byte| byte.is_ascii_digit())
+        }),
+        None => false,
     }
 }
 
@@ -464,13 +489,36 @@ mod tests {
             }
             headers
         };
-        assert!(has_valid_host(&with_hosts(&[])));
-        assert!(has_valid_host(&with_hosts(&[b""])));
-        assert!(has_valid_host(&with_hosts(&[b"localhost:8080"])));
-        assert!(has_valid_host(&with_hosts(&[b"[::1]:80"])));
-        assert!(!has_valid_host(&with_hosts(&[b"\xff"])));
-        assert!(!has_valid_host(&with_hosts(&[b"a b"])));
-        assert!(!has_valid_host(&with_hosts(&[b"a", b"b"])));
+        let valid = |hosts: &[&[u8]]| has_valid_host(Version::HTTP_11, &with_hosts(hosts));
+        for host in [
+            &b""[..],
+            b"localhost",
+            b"localhost:8080",
+            b"localhost:",
+            b"127.0.0.1:80",
+            b"[::1]",
+            b"[::1]:80",
+        ] {
+            assert!(valid(&[host]), "{}", String::from_utf8_lossy(host));
+        }
+        for host in [
+            &b"\xff"[..],
+            b"a b",
+            b"a:b",
+            b"a:8o",
+            b"a@b",
+            b"user:pw@a:80",
+            b"[::1]x",
+        ] {
+            assert!(!valid(&[host]), "{}", String::from_utf8_lossy(host));
+        }
+        assert!(!valid(&[b"a", b"b"]));
+    }
+
+    #[test]
+    fn only_a_request_older_than_http_1_1_may_omit_its_host() {
+        assert!(!has_valid_host(Version::HTTP_11, &HeaderMap::new()));
+        assert!(has_valid_host(Version::HTTP_10, &HeaderMap::new()));
     }
 
     #[test]
