@@ -233,6 +233,10 @@ fn a_guest_that_traps_on_its_probe_is_refused_at_start() {
     assert_eq!(refused.status.code(), Some(1), "{refused:?}");
     let stderr = String::from_utf8_lossy(&refused.stderr);
     assert!(stderr.contains("failed its probe"), "{stderr}");
+    // The contract's start-up error: one line, naming the path and the fix.
+    assert_eq!(stderr.trim_end().lines().count(), 1, "{stderr}");
+    assert!(stderr.contains("panicking"), "{stderr}");
+    assert!(stderr.contains("make build"), "{stderr}");
 }
 
 #[test]

@@ -216,6 +216,28 @@ async fn a_5xx_marks_the_request_span_as_an_error() {
         span.tag("error"),
         Some(&support::jaeger::TagValue::Bool(true))
     );
+    // OpenTelemetry's HTTP conventions: a server error's `error.type` is its status code.
+    assert_eq!(span.str_tag("error.type"), Some("500"));
+}
+
+#[tokio::test]
+async fn the_request_span_carries_the_scheme_and_the_query_apart_from_the_path() {
+    let mut agent = Agent::start();
+    let host = traced_host(&agent, "tutorial-service");
+    get_with_id(&host, "/api/health?verbose=1&x=y", "query-1").await;
+    get_with_id(&host, "/api/health", "query-2").await;
+    let spans = agent.wait_for(|spans| {
+        !server_span_for(spans, "query-1").is_empty()
+            && !server_span_for(spans, "query-2").is_empty()
+    });
+    let with_query = server_span_for(&spans, "query-1")[0];
+    assert_eq!(with_query.str_tag("url.scheme"), Some("http"));
+    assert_eq!(with_query.str_tag("url.path"), Some("/api/health"));
+    assert_eq!(with_query.str_tag("url.query"), Some("verbose=1&x=y"));
+    assert_eq!(with_query.str_tag("error.type"), None);
+    let without = server_span_for(&spans, "query-2")[0];
+    assert_eq!(without.str_tag("url.scheme"), Some("http"));
+    assert_eq!(without.str_tag("url.query"), None);
 }
 
 #[tokio::test]
@@ -321,6 +343,17 @@ async fn log_lines_carry_a_trace_id_when_spans_are_not_exported() {
         // A request without a caller's trace starts one of its own.
         assert_ne!(ids("untraced-2"), ids("untraced-3"), "{settings:?}");
     }
+}
+
+#[tokio::test]
+async fn a_scrape_of_the_metrics_page_is_logged_like_any_request() {
+    let host = Host::builder().start();
+    get_with_id(&host, "/metrics", "scrape-1").await;
+    let line = host.wait_for_log(|line| line["request_id"] == "scrape-1");
+    assert_eq!(line["level"], "INFO", "{line}");
+    assert_eq!(line["message"], "metrics page served", "{line}");
+    assert_eq!(line["http.route"], "/metrics", "{line}");
+    assert!(line["trace_id"].is_string(), "{line}");
 }
 
 #[tokio::test]

@@ -86,7 +86,7 @@ async fn run(config: Config, telemetry: &Telemetry) -> anyhow::Result<()> {
         .await
         .with_context(|| {
             format!(
-                "guest component {} failed its probe; fix it, or start with --probe-path off",
+                "guest component {} failed its probe; rebuild it (`make build`), fix it, or start with --probe-path off",
                 config.runtime.guest.display()
             )
         })?;

@@ -105,7 +105,7 @@ impl App {
         let method = request.method().clone();
         let span = request_span::request_span(
             &method,
-            request.uri().path(),
+            request.uri(),
             request_id.to_str().unwrap_or_default(),
             request.headers(),
         );
@@ -195,6 +195,11 @@ impl App {
             // The contract's order holds here too: a wrong method (405) before a body over the
             // limit (413).
             let page = self.metrics_page(&parts.method).await;
+            if page.status() == StatusCode::OK {
+                // The spec's rule for every endpoint: a span, metrics and log lines (a refusal
+                // gets its WARN line in `handle`).
+                tracing::info!("metrics page served");
+            }
             return match (left_unread, page.status()) {
                 (false, _) => page,
                 (true, StatusCode::METHOD_NOT_ALLOWED) => closing(page),

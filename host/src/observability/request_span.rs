@@ -1,14 +1,16 @@
 //! The request's server span: its name, its fields by OpenTelemetry's HTTP conventions, the
 //! caller's trace it continues, and what the answer adds to it.
 
-use http::{HeaderMap, Method};
+use http::{HeaderMap, Method, Uri};
+use opentelemetry::KeyValue;
 use opentelemetry::propagation::Extractor;
 use opentelemetry::trace::{SpanContext, SpanId, TraceContextExt, TraceId};
 use opentelemetry_sdk::trace::{IdGenerator, RandomIdGenerator};
 use tracing::field::Empty;
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 
-/// Longest `url.path` recorded on a span: a span must fit in one UDP packet to the agent.
+/// Longest `url.path` (and `url.query`) recorded on a span: a span must fit in one UDP packet
+/// to the agent.
 const MAX_RECORDED_PATH: usize = 1024;
 /// The longest non-standard method recorded as `http.request.method_original`.
 const MAX_RECORDED_METHOD: usize = 32;
@@ -39,11 +41,11 @@ pub fn standard_method(method: &Method) -> Option<&'static str> {
 /// W3C `traceparent`. Named `HTTP <METHOD>` until [`record_answer`] adds the route.
 pub fn request_span(
     method: &Method,
-    path: &str,
+    uri: &Uri,
     request_id: &str,
     headers: &HeaderMap,
 ) -> tracing::Span {
-    let path = truncate(path, MAX_RECORDED_PATH);
+    let path = truncate(uri.path(), MAX_RECORDED_PATH);
     // Clients choose the method: only the standard ones become span names or attribute values,
     // so the set of names stays bounded and a 5,000-byte method is not logged whole.
     let method_name = standard_method(method).unwrap_or(OTHER_METHOD);
@@ -71,7 +73,16 @@ pub fn request_span(
     let caller_trace = caller.span().span_context().trace_id();
     // Fails only where no span is exported (no OpenTelemetry layer).
     let _ = span.set_parent(caller);
-    let (trace_id, span_id) = log_ids(span.context().span().span_context(), caller_trace);
+    let context = span.context();
+    let exported = context.span();
+    // Conventions the log lines need not repeat go onto the OpenTelemetry span alone: a
+    // `tracing` field would be written on every line of the request.
+    exported.set_attribute(KeyValue::new("url.scheme", "http"));
+    if let Some(query) = uri.query() {
+        let query = truncate(query, MAX_RECORDED_PATH).to_string();
+        exported.set_attribute(KeyValue::new("url.query", query));
+    }
+    let (trace_id, span_id) = log_ids(exported.span_context(), caller_trace);
     span.record("trace_id", trace_id.to_string());
     span.record("span_id", span_id.to_string());
     span
@@ -106,9 +117,9 @@ pub fn record_answer(
     let method_name = standard_method(method).unwrap_or(OTHER_METHOD);
     // On the OpenTelemetry span itself: it started when the request's ids were read from it,
     // and a started span takes a new name only this way.
-    span.context()
-        .span()
-        .update_name(format!("HTTP {method_name} {route}"));
+    let context = span.context();
+    let exported = context.span();
+    exported.update_name(format!("HTTP {method_name} {route}"));
     if record_route {
         span.record("http.route", route);
     }
@@ -116,6 +127,8 @@ pub fn record_answer(
     span.record("http.response.status_code", i64::from(status));
     if status >= 500 {
         span.record("otel.status_code", "ERROR");
+        // The conventions' `error.type` of a server error is its status code.
+        exported.set_attribute(KeyValue::new("error.type", status.to_string()));
     }
 }
 
