@@ -219,6 +219,31 @@ async fn a_half_sent_request_left_idle_is_disconnected() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_answers_every_request_already_sent_on_an_accepted_connection() {
+    use std::io::{Read, Write};
+    let mut host = Host::builder().start();
+    let request = "POST /api/compute HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n\
+                   Content-Length: 8\r\n\r\n{\"n\":35}";
+    // More computes than cores: while the first run, the host has not read the others yet.
+    let mut sent: Vec<_> = (0..12)
+        .map(|_| {
+            let mut stream = std::net::TcpStream::connect(host.authority()).unwrap();
+            stream.write_all(request.as_bytes()).unwrap();
+            stream
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(50));
+    let status = host.terminate();
+    assert!(status.success(), "exit status {status:?}");
+    for stream in &mut sent {
+        let mut answer = String::new();
+        let _ = stream.read_to_string(&mut answer);
+        assert!(answer.starts_with("HTTP/1.1 200"), "{answer:?}");
+        assert!(answer.contains("9227465"), "{answer}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_lets_a_running_compute_finish_flushes_spans_and_exits_0() {
     let mut agent = Agent::start();
     let port = agent.port.to_string();

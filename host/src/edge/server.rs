@@ -50,6 +50,10 @@ pub const USERS_STORED_WAIT: Duration = Duration::from_millis(250);
 /// 10 s), so spans and log lines are flushed before the container is killed, even when a slow
 /// client holds a connection for the whole grace.
 pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(8);
+/// How long connections already accepted keep reading before shutdown starts: hyper closes at
+/// once a connection that has read nothing yet, even one whose request already waits in its
+/// socket (accepted while the workers were busy), and that client would get no answer.
+pub const SHUTDOWN_SETTLE: Duration = Duration::from_millis(250);
 
 /// Everything the per-request path needs, shared by all connections.
 pub struct App {
@@ -390,8 +394,9 @@ fn bound_unsent_bytes(stream: &tokio::net::TcpStream) {
     let _ = socket2::SockRef::from(stream).set_tcp_notsent_lowat(MAX_UNSENT_BYTES);
 }
 
-/// Serves HTTP/1.1 on `listener` until `shutdown` completes, then stops accepting and gives
-/// in-flight requests [`SHUTDOWN_GRACE`] to finish.
+/// Serves HTTP/1.1 on `listener` until `shutdown` completes, then stops accepting, lets the
+/// connections it accepted read their requests for [`SHUTDOWN_SETTLE`], and gives in-flight
+/// requests [`SHUTDOWN_GRACE`] to finish.
 pub async fn serve(listener: TcpListener, app: Arc<App>, shutdown: impl Future<Output = ()>) {
     let connections = GracefulShutdown::new();
     tokio::pin!(shutdown);
@@ -467,6 +472,7 @@ pub async fn serve(listener: TcpListener, app: Arc<App>, shutdown: impl Future<O
         });
     }
     drop(listener);
+    tokio::time::sleep(SHUTDOWN_SETTLE).await;
     if tokio::time::timeout(SHUTDOWN_GRACE, connections.shutdown())
         .await
         .is_err()
