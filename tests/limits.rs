@@ -185,6 +185,50 @@ async fn garbage_bytes_are_refused_by_hyper_and_the_host_serves_on() {
 }
 
 #[tokio::test]
+async fn what_hyper_refuses_to_parse_is_answered_in_the_contracts_json_with_a_request_id() {
+    let host = Host::builder().start();
+    let malformed: [(&[u8], &str); 7] = [
+        (b"GET /api/health HTTP/1.1\r\nBad Header: y\r\n\r\n", "400"),
+        (b"GET /api/health HTTP/1.1\r\nHost: t\r\nx-request-id: a\x7fb\r\n\r\n", "400"),
+        (
+            b"GET /api/health HTTP/1.1\r\nHost: t\r\nContent-Length: 99999999999999999999999\r\n\r\n",
+            "400",
+        ),
+        (b"GET /api/he alth HTTP/1.1\r\nHost: t\r\n\r\n", "400"),
+        (b"GET /api/health HTTP/9.9\r\nHost: t\r\n\r\n", "400"),
+        (b"\x00\x01\x02 not http at all\r\n\r\n", "400"),
+        (&[b"GET /", &[b'a'; 70_000][..], b" HTTP/1.1\r\nHost: t\r\n\r\n"].concat(), "414"),
+    ];
+    for (request, status) in malformed {
+        let answer = raw_request(host.authority(), request).await;
+        let shown = &answer[..answer.len().min(300)];
+        assert!(
+            answer.starts_with(&format!("HTTP/1.1 {status} ")),
+            "{shown}"
+        );
+        let (head, body) = answer.split_once("\r\n\r\n").expect("a whole head");
+        assert!(
+            head.contains("\r\ncontent-type: application/json\r\n"),
+            "{shown}"
+        );
+        assert!(head.contains("\r\nx-request-id: "), "{shown}");
+        let body: Value = serde_json::from_str(body).expect("a JSON body");
+        assert_eq!(
+            body.as_object().map(|object| object.len()),
+            Some(1),
+            "{body}"
+        );
+        assert!(
+            body["error"]
+                .as_str()
+                .is_some_and(|message| !message.is_empty()),
+            "{body}"
+        );
+    }
+    assert_still_serving(&host).await;
+}
+
+#[tokio::test]
 async fn a_100_kb_request_line_is_refused_and_the_host_serves_on() {
     let host = Host::builder().start();
     let request = format!(

@@ -17,6 +17,11 @@
 //! first. Only then is the socket closed. A connection lingers only when the request path
 //! marked it ([`DrainOnClose`], set for every answer the host gives before it read the whole
 //! request). Idle connections closed at shutdown, which owe nothing, close at once.
+//!
+//! **hyper's own answers.** A request hyper cannot parse (or whose target or head is over its
+//! limits) never reaches the host: hyper answers it with a bare head of its own. That head is
+//! written here in the contract's form, with a request id and a JSON error body
+//! ([`responses::contract_form_of_hypers_own_answer`]).
 
 use std::future::Future;
 use std::io;
@@ -30,6 +35,8 @@ use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::time::{Instant, Sleep};
 
+use crate::edge::responses;
+
 /// How long a closing connection waits for the client's next bytes.
 pub const LINGER_IDLE: Duration = Duration::from_secs(5);
 /// How long a closing connection goes on discarding what its client sends, at most: a client
@@ -41,6 +48,8 @@ pub const MAX_DRAINED_BYTES: u64 = 64 << 20;
 
 /// Bytes read and discarded per read while draining; on the task's stack, nothing is kept.
 const DRAIN_CHUNK: usize = 16 * 1024;
+/// The longest write looked at as one of hyper's own answers: those are heads of a few lines.
+const MAX_OWN_ANSWER_BYTES: usize = 512;
 
 /// Set by the request path when the connection will close with part of a request unread.
 /// Clones share the mark.
@@ -92,6 +101,17 @@ pub struct ClientStream<T> {
     linger: Linger,
     /// Set once the host's side is shut: the drain under way.
     draining: Option<Draining>,
+    /// One of hyper's own answers being written in the contract's form instead.
+    rewriting: Option<Rewriting>,
+}
+
+struct Rewriting {
+    /// What is written instead.
+    bytes: Vec<u8>,
+    /// How much of it is written.
+    written: usize,
+    /// How many of hyper's bytes it stands for: the count hyper is told once it is all written.
+    replaces: usize,
 }
 
 struct Draining {
@@ -118,6 +138,7 @@ impl<T> ClientStream<T> {
             drain_on_close,
             linger,
             draining: None,
+            rewriting: None,
         }
     }
 
@@ -151,6 +172,57 @@ impl<T> ClientStream<T> {
 }
 
 impl<T: AsyncRead + AsyncWrite + Unpin> ClientStream<T> {
+    /// Starts writing the contract's form of `bytes` instead, when they are one of hyper's own
+    /// answers (checked only for short writes that look like a whole head).
+    fn rewrite_if_hypers_own<B: std::ops::Deref<Target = [u8]>>(&mut self, parts: &[B]) {
+        let total: usize = parts.iter().map(|part| part.len()).sum();
+        let looks_like_a_head = total <= MAX_OWN_ANSWER_BYTES
+            && parts
+                .first()
+                .is_some_and(|first| first.starts_with(b"HTTP/1."))
+            && parts.last().is_some_and(|last| last.ends_with(b"\r\n\r\n"));
+        if self.rewriting.is_some() || !looks_like_a_head {
+            return;
+        }
+        let whole: Vec<u8> = parts.iter().flat_map(|part| part.iter().copied()).collect();
+        if let Some(answer) = responses::contract_form_of_hypers_own_answer(&whole) {
+            self.rewriting = Some(Rewriting {
+                bytes: answer,
+                written: 0,
+                replaces: total,
+            });
+        }
+    }
+
+    /// Writes the rest of the answer being rewritten; ready with the count of hyper's bytes it
+    /// stands for once all of it is written.
+    fn poll_rewriting(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<usize>> {
+        loop {
+            let Some(rewriting) = self.rewriting.as_mut() else {
+                return Poll::Ready(Ok(0));
+            };
+            if rewriting.written == rewriting.bytes.len() {
+                let replaces = rewriting.replaces;
+                self.rewriting = None;
+                return Poll::Ready(Ok(replaces));
+            }
+            let outcome =
+                Pin::new(&mut self.inner).poll_write(cx, &rewriting.bytes[rewriting.written..]);
+            match std::task::ready!(self.watch_stall(cx, outcome)) {
+                Ok(0) => return Poll::Ready(Err(io::ErrorKind::WriteZero.into())),
+                Ok(written) => {
+                    if let Some(rewriting) = self.rewriting.as_mut() {
+                        rewriting.written += written;
+                    }
+                }
+                Err(error) => {
+                    self.rewriting = None;
+                    return Poll::Ready(Err(error));
+                }
+            }
+        }
+    }
+
     /// Reads and discards until the client closes or errs, or a bound is reached.
     fn poll_drain(&mut self, cx: &mut Context<'_>) -> Poll<()> {
         let Some(draining) = self.draining.as_mut() else {
@@ -199,6 +271,10 @@ impl<T: AsyncRead + AsyncWrite + Unpin> AsyncWrite for ClientStream<T> {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
+        self.rewrite_if_hypers_own(&[buf]);
+        if self.rewriting.is_some() {
+            return self.poll_rewriting(cx);
+        }
         let outcome = Pin::new(&mut self.inner).poll_write(cx, buf);
         self.watch_stall(cx, outcome)
     }
@@ -208,6 +284,10 @@ impl<T: AsyncRead + AsyncWrite + Unpin> AsyncWrite for ClientStream<T> {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
+        self.rewrite_if_hypers_own(bufs);
+        if self.rewriting.is_some() {
+            return self.poll_rewriting(cx);
+        }
         let outcome = Pin::new(&mut self.inner).poll_write_vectored(cx, bufs);
         self.watch_stall(cx, outcome)
     }
@@ -261,6 +341,32 @@ mod tests {
         let drain_on_close = DrainOnClose::default();
         drain_on_close.mark();
         ClientStream::new(inner, NEVER, drain_on_close, SHORT)
+    }
+
+    #[tokio::test]
+    async fn hypers_bare_error_head_goes_out_in_the_contracts_form_and_counts_as_written() {
+        let (host_side, mut client_side) = tokio::io::duplex(64 * 1024);
+        let mut connection = ClientStream::new(host_side, NEVER, DrainOnClose::default(), SHORT);
+        let bare = b"HTTP/1.1 400 Bad Request\r\nconnection: close\r\ncontent-length: 0\r\n\r\n";
+        let slices = [io::IoSlice::new(&bare[..20]), io::IoSlice::new(&bare[20..])];
+        let written = connection.write_vectored(&slices).await.unwrap();
+        assert_eq!(written, bare.len(), "hyper is told its bytes were written");
+        connection.write_all(b"HTTP/1.1 200 OK\r\n").await.unwrap();
+        drop(connection);
+        let mut received = String::new();
+        client_side.read_to_string(&mut received).await.unwrap();
+        let (rewritten, passed_on) = received.split_once("}").unwrap();
+        assert!(
+            rewritten.starts_with("HTTP/1.1 400 Bad Request\r\n"),
+            "{received}"
+        );
+        assert!(
+            rewritten.ends_with(r#"{"error":"Malformed request""#),
+            "{received}"
+        );
+        assert!(rewritten.contains("\r\nx-request-id: "), "{received}");
+        // What is not one of hyper's own answers passes unchanged.
+        assert_eq!(passed_on, "HTTP/1.1 200 OK\r\n");
     }
 
     fn discarded(connection: &ClientStream<DuplexStream>) -> u64 {
