@@ -81,10 +81,14 @@ cpu_ms() {
 # neighbours than requests/s does. A third argument is a wrk script of its own to use instead
 # of the plain report.
 load() {
-  local name=$1 url=$2 script=${3:-bench/wrk-report.lua} server=${PIDS[-1]} before line
+  local name=$1 url=$2 script=${3:-bench/wrk-report.lua} server=${PIDS[-1]} before line cpu=""
   before=$(cpu_ms "$server")
   line=$(wrk -t2 -c$CONNECTIONS -d"${SECONDS_PER_RUN}s" --latency -s "$script" "$url" | grep '^{')
-  echo "${line%\}},\"server_cpu_ms\":$(( $(cpu_ms "$server") - before ))}" >> "$RESULTS/$name.json"
+  # A server that died during the round has no CPU time to read: the row then goes without.
+  if kill -0 "$server" 2>/dev/null; then
+    cpu=",\"server_cpu_ms\":$(( $(cpu_ms "$server") - before ))"
+  fi
+  echo "${line%\}}$cpu}" >> "$RESULTS/$name.json"
   echo "  $name: $(tail -1 "$RESULTS/$name.json")"
 }
 

@@ -19,9 +19,11 @@
 //! request). Idle connections closed at shutdown, which owe nothing, close at once.
 //!
 //! **hyper's own answers.** A request hyper cannot parse (or whose target or head is over its
-//! limits) never reaches the host: hyper answers it with a bare head of its own. That head is
-//! written here in the contract's form, with a request id and a JSON error body
-//! ([`responses::contract_form_of_hypers_own_answer`]).
+//! limits) never reaches the host: hyper answers it with a bare head of its own. When that is
+//! the first thing written on the connection, it goes out in the contract's form, with a request
+//! id and a JSON error body ([`responses::contract_form_of_hypers_own_answer`]), and a WARN line
+//! with that id. Only then: later on a connection, the same bytes could be the body of a guest's
+//! answer, whose length the client was already told.
 
 use std::future::Future;
 use std::io;
@@ -103,6 +105,8 @@ pub struct ClientStream<T> {
     draining: Option<Draining>,
     /// One of hyper's own answers being written in the contract's form instead.
     rewriting: Option<Rewriting>,
+    /// Whether anything was written on the connection yet.
+    wrote_any: bool,
 }
 
 struct Rewriting {
@@ -139,6 +143,7 @@ impl<T> ClientStream<T> {
             linger,
             draining: None,
             rewriting: None,
+            wrote_any: false,
         }
     }
 
@@ -172,8 +177,9 @@ impl<T> ClientStream<T> {
 }
 
 impl<T: AsyncRead + AsyncWrite + Unpin> ClientStream<T> {
-    /// Starts writing the contract's form of `bytes` instead, when they are one of hyper's own
-    /// answers (checked only for short writes that look like a whole head).
+    /// Starts writing the contract's form of the write `parts` instead, when they are one of
+    /// hyper's own answers and the first bytes of the connection (checked only for short
+    /// writes that look like a whole head).
     fn rewrite_if_hypers_own<B: std::ops::Deref<Target = [u8]>>(&mut self, parts: &[B]) {
         let total: usize = parts.iter().map(|part| part.len()).sum();
         let looks_like_a_head = total <= MAX_OWN_ANSWER_BYTES
@@ -181,29 +187,42 @@ impl<T: AsyncRead + AsyncWrite + Unpin> ClientStream<T> {
                 .first()
                 .is_some_and(|first| first.starts_with(b"HTTP/1."))
             && parts.last().is_some_and(|last| last.ends_with(b"\r\n\r\n"));
-        if self.rewriting.is_some() || !looks_like_a_head {
+        if self.wrote_any || self.rewriting.is_some() || !looks_like_a_head {
             return;
         }
         let whole: Vec<u8> = parts.iter().flat_map(|part| part.iter().copied()).collect();
         if let Some(answer) = responses::contract_form_of_hypers_own_answer(&whole) {
+            tracing::warn!(
+                status = answer.status,
+                request_id = answer.request_id.as_str(),
+                error = answer.message,
+                "request refused"
+            );
             self.rewriting = Some(Rewriting {
-                bytes: answer,
+                bytes: answer.bytes,
                 written: 0,
                 replaces: total,
             });
         }
     }
 
-    /// Writes the rest of the answer being rewritten; ready with the count of hyper's bytes it
-    /// stands for once all of it is written.
-    fn poll_rewriting(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<usize>> {
+    /// Writes the rest of the answer being rewritten in place of a write of `offered` bytes;
+    /// ready with the count of hyper's bytes it stands for once all of it is written.
+    fn poll_rewriting(&mut self, cx: &mut Context<'_>, offered: usize) -> Poll<io::Result<usize>> {
         loop {
             let Some(rewriting) = self.rewriting.as_mut() else {
                 return Poll::Ready(Ok(0));
             };
+            // hyper offers the same bytes again after a pending write; fewer are not what is
+            // being replaced.
+            if offered < rewriting.replaces {
+                self.rewriting = None;
+                return Poll::Ready(Err(io::ErrorKind::InvalidInput.into()));
+            }
             if rewriting.written == rewriting.bytes.len() {
                 let replaces = rewriting.replaces;
                 self.rewriting = None;
+                self.wrote_any = true;
                 return Poll::Ready(Ok(replaces));
             }
             let outcome =
@@ -273,9 +292,10 @@ impl<T: AsyncRead + AsyncWrite + Unpin> AsyncWrite for ClientStream<T> {
     ) -> Poll<io::Result<usize>> {
         self.rewrite_if_hypers_own(&[buf]);
         if self.rewriting.is_some() {
-            return self.poll_rewriting(cx);
+            return self.poll_rewriting(cx, buf.len());
         }
         let outcome = Pin::new(&mut self.inner).poll_write(cx, buf);
+        self.wrote_any |= matches!(outcome, Poll::Ready(Ok(written)) if written > 0);
         self.watch_stall(cx, outcome)
     }
 
@@ -286,9 +306,11 @@ impl<T: AsyncRead + AsyncWrite + Unpin> AsyncWrite for ClientStream<T> {
     ) -> Poll<io::Result<usize>> {
         self.rewrite_if_hypers_own(bufs);
         if self.rewriting.is_some() {
-            return self.poll_rewriting(cx);
+            let offered = bufs.iter().map(|part| part.len()).sum();
+            return self.poll_rewriting(cx, offered);
         }
         let outcome = Pin::new(&mut self.inner).poll_write_vectored(cx, bufs);
+        self.wrote_any |= matches!(outcome, Poll::Ready(Ok(written)) if written > 0);
         self.watch_stall(cx, outcome)
     }
 
@@ -352,6 +374,8 @@ mod tests {
         let written = connection.write_vectored(&slices).await.unwrap();
         assert_eq!(written, bare.len(), "hyper is told its bytes were written");
         connection.write_all(b"HTTP/1.1 200 OK\r\n").await.unwrap();
+        // Once anything was written, the same bytes may be a guest's body: they pass unchanged.
+        connection.write_all(bare).await.unwrap();
         drop(connection);
         let mut received = String::new();
         client_side.read_to_string(&mut received).await.unwrap();
@@ -366,7 +390,10 @@ mod tests {
         );
         assert!(rewritten.contains("\r\nx-request-id: "), "{received}");
         // What is not one of hyper's own answers passes unchanged.
-        assert_eq!(passed_on, "HTTP/1.1 200 OK\r\n");
+        assert_eq!(
+            passed_on.as_bytes(),
+            [&b"HTTP/1.1 200 OK\r\n"[..], bare].concat()
+        );
     }
 
     fn discarded(connection: &ClientStream<DuplexStream>) -> u64 {

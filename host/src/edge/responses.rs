@@ -68,6 +68,18 @@ pub fn over_connection_cap() -> Vec<u8> {
     .into_bytes()
 }
 
+/// An answer of hyper's in the contract's form.
+pub struct ContractForm {
+    /// The whole answer.
+    pub bytes: Vec<u8>,
+    /// Its status code.
+    pub status: u16,
+    /// The request id it carries.
+    pub request_id: String,
+    /// Its error message.
+    pub message: &'static str,
+}
+
 /// The contract's form of an answer hyper writes on its own, or `None` when `bytes` are not one.
 ///
 /// For a request it cannot parse (400), a target too long (414) or a head too large (431),
@@ -75,15 +87,15 @@ pub fn over_connection_cap() -> Vec<u8> {
 /// offers no hook to change it. Such a head is the whole of one write, and it alone lacks the
 /// `x-request-id` every answer of the host carries: the same head, its `content-length`
 /// replaced, plus a request id and the JSON error body.
-pub fn contract_form_of_hypers_own_answer(bytes: &[u8]) -> Option<Vec<u8>> {
+pub fn contract_form_of_hypers_own_answer(bytes: &[u8]) -> Option<ContractForm> {
     let head = std::str::from_utf8(bytes).ok()?;
     let lines = head.strip_suffix("\r\n\r\n")?;
     let mut lines = lines.split("\r\n");
     let status_line = lines.next()?;
-    let message = match status_line.strip_prefix("HTTP/1.")?.get(2..5)? {
-        "400" => MALFORMED_REQUEST,
-        "414" => URI_TOO_LONG,
-        "431" => HEAD_TOO_LARGE,
+    let (status, message) = match status_line.strip_prefix("HTTP/1.")?.get(2..5)? {
+        "400" => (400, MALFORMED_REQUEST),
+        "414" => (414, URI_TOO_LONG),
+        "431" => (431, HEAD_TOO_LARGE),
         _ => return None,
     };
     let headers: Vec<&str> = lines.collect();
@@ -110,12 +122,17 @@ pub fn contract_form_of_hypers_own_answer(bytes: &[u8]) -> Option<Vec<u8>> {
         answer.push_str(line);
         answer.push_str("\r\n");
     }
+    let request_id = new_request_id();
     answer.push_str(&format!(
-        "content-type: application/json\r\nx-request-id: {}\r\ncontent-length: {}\r\n\r\n{body}",
-        new_request_id(),
+        "content-type: application/json\r\nx-request-id: {request_id}\r\ncontent-length: {}\r\n\r\n{body}",
         body.len()
     ));
-    Some(answer.into_bytes())
+    Some(ContractForm {
+        bytes: answer.into_bytes(),
+        status,
+        request_id,
+        message,
+    })
 }
 
 /// A 405 with the `Allow` header listing `allowed`.
@@ -154,8 +171,10 @@ mod tests {
                 HEAD_TOO_LARGE,
             ),
         ] {
-            let answer = contract_form_of_hypers_own_answer(&head).expect("rewritten");
-            let answer = String::from_utf8(answer).unwrap();
+            let form = contract_form_of_hypers_own_answer(&head).expect("rewritten");
+            assert_eq!(form.status.to_string(), status);
+            assert_eq!(form.message, message);
+            let answer = String::from_utf8(form.bytes).unwrap();
             let (head, body) = answer.split_once("\r\n\r\n").unwrap();
             assert!(head.starts_with(&format!("HTTP/1.1 {status} ")), "{answer}");
             assert_eq!(body, serde_json::json!({ "error": message }).to_string());
@@ -163,10 +182,15 @@ mod tests {
             assert!(!head.contains("content-length: 0"), "{head}");
             assert!(head.contains("\r\ncontent-type: application/json"), "{head}");
             let id = head.split("x-request-id: ").nth(1).unwrap().split("\r\n").next().unwrap();
+            assert_eq!(id, form.request_id);
             assert_eq!(uuid::Uuid::parse_str(id).unwrap().get_version_num(), 4);
         }
-        let kept =
-            String::from_utf8(contract_form_of_hypers_own_answer(HYPERS_400).unwrap()).unwrap();
+        let kept = String::from_utf8(
+            contract_form_of_hypers_own_answer(HYPERS_400)
+                .unwrap()
+                .bytes,
+        )
+        .unwrap();
         assert!(kept.contains("\r\nconnection: close\r\n"), "{kept}");
         assert!(
             kept.contains("\r\ndate: Fri, 27 Nov 2026 06:00:00 GMT\r\n"),
@@ -188,9 +212,8 @@ mod tests {
             b"HTTP/1.1 500 Internal Server Error\r\ncontent-length: 0\r\n\r\n",
             b"HTTP/1.1 400 Bad Request\r\ncontent-length: 10\r\n\r\n",
         ] {
-            assert_eq!(
-                contract_form_of_hypers_own_answer(bytes),
-                None,
+            assert!(
+                contract_form_of_hypers_own_answer(bytes).is_none(),
                 "{}",
                 String::from_utf8_lossy(bytes)
             );

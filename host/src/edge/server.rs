@@ -197,20 +197,25 @@ impl App {
                 span.record("http.route", &*route);
             }
             // The contract's order holds here too: a wrong method (405) before a body over the
-            // limit (413).
-            let page = self.metrics_page(&parts.method).await;
-            if page.status() == StatusCode::OK {
-                // The spec's rule for every endpoint: a span, metrics and log lines (a refusal
-                // gets its WARN line in `handle`).
-                tracing::info!("metrics page served");
-            }
-            return match (left_unread, page.status()) {
-                (false, _) => page,
-                (true, StatusCode::METHOD_NOT_ALLOWED) => closing(page),
-                (true, _) => closing(responses::error(
+            // limit (413); a refusal gets its WARN line in `handle`.
+            let refusal = if parts.method != Method::GET && parts.method != Method::HEAD {
+                Some(responses::method_not_allowed(&[Method::GET, Method::HEAD]))
+            } else if left_unread {
+                Some(responses::error(
                     StatusCode::PAYLOAD_TOO_LARGE,
                     responses::BODY_TOO_LARGE,
-                )),
+                ))
+            } else {
+                None
+            };
+            return match refusal {
+                Some(refusal) if left_unread => closing(refusal),
+                Some(refusal) => refusal,
+                None => {
+                    // The spec's rule for every endpoint: a span, metrics and log lines.
+                    tracing::info!("metrics page served");
+                    self.metrics_page().await
+                }
             };
         }
         let (body, over_limit_read) = GuestRequestBody::new(body, reservation);
@@ -276,10 +281,8 @@ impl App {
         &self.metrics
     }
 
-    async fn metrics_page(&self, method: &Method) -> Response<ResponseBody> {
-        if method != Method::GET && method != Method::HEAD {
-            return responses::method_not_allowed(&[Method::GET, Method::HEAD]);
-        }
+    /// The metrics page, with the store's user count as fresh as it comes in time.
+    async fn metrics_page(&self) -> Response<ResponseBody> {
         let page = self.metrics.render(self.users_stored().await);
         responses::full(StatusCode::OK, metrics::CONTENT_TYPE, page)
     }
@@ -370,7 +373,7 @@ fn is_host_and_port(text: &[u8]) -> bool {
     let Ok(authority) = http::uri::Authority::try_from(text) else {
         return false;
     };
-    if authority.as_str().contains('@') {
+    if authority.as_str().contains('@') || authority.host().is_empty() {
         return false;
     }
     match authority.as_str().strip_prefix(authority.host()) {
@@ -520,6 +523,7 @@ mod tests {
             b"a@b",
             b"user:pw@a:80",
             b"[::1]x",
+            b":80",
         ] {
             assert!(!valid(&[host]), "{}", String::from_utf8_lossy(host));
         }
