@@ -189,6 +189,10 @@ pub fn init(settings: &TelemetrySettings) -> Telemetry {
     opentelemetry::global::set_text_map_propagator(TraceContextPropagator::new());
     let resource = resource(settings);
     let mut problems = Vec::new();
+    let logger = logger_provider(settings, &resource)
+        .map_err(|error| problems.push(("log records", error)))
+        .ok()
+        .flatten();
     let tracer = tracer_provider(settings, &resource)
         .map_err(|error| problems.push(("spans", error)))
         .ok()
@@ -203,12 +207,13 @@ pub fn init(settings: &TelemetrySettings) -> Telemetry {
             .with_location(false)
             .with_threads(false)
             .with_tracked_inactivity(false)
+            // Making a span's OpenTelemetry context the current one at every enter (each poll of
+            // a request's futures) serves only the log-record bridge, which reads a record's ids
+            // from it: without log records the layer finds parents through `tracing`'s own
+            // current span, and the guest's spans name theirs explicitly.
+            .with_context_activation(logger.is_some())
             .with_filter(info_spans())
     });
-    let logger = logger_provider(settings, &resource)
-        .map_err(|error| problems.push(("log records", error)))
-        .ok()
-        .flatten();
     let log_records = logger.as_ref().map(|provider| {
         // With a hint that passes the log filter's on: without one, the subscriber's maximum
         // level (and the `log` crate's, cranelift's) would become TRACE.
