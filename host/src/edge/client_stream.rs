@@ -181,13 +181,17 @@ impl<T: AsyncRead + AsyncWrite + Unpin> ClientStream<T> {
     /// hyper's own answers and the first bytes of the connection (checked only for short
     /// writes that look like a whole head).
     fn rewrite_if_hypers_own<B: std::ops::Deref<Target = [u8]>>(&mut self, parts: &[B]) {
+        // Every write after the first one ends here, before a byte is looked at.
+        if self.wrote_any || self.rewriting.is_some() {
+            return;
+        }
         let total: usize = parts.iter().map(|part| part.len()).sum();
         let looks_like_a_head = total <= MAX_OWN_ANSWER_BYTES
             && parts
                 .first()
                 .is_some_and(|first| first.starts_with(b"HTTP/1."))
             && parts.last().is_some_and(|last| last.ends_with(b"\r\n\r\n"));
-        if self.wrote_any || self.rewriting.is_some() || !looks_like_a_head {
+        if !looks_like_a_head {
             return;
         }
         let whole: Vec<u8> = parts.iter().flat_map(|part| part.iter().copied()).collect();
