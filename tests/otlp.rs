@@ -141,6 +141,8 @@ async fn a_creation_is_a_server_span_with_its_store_child_and_the_resource(proto
     assert_eq!(insert.trace_id, server.trace_id);
     assert_eq!(insert.kind, CLIENT);
     assert_eq!(insert.str_attribute("db.operation.name"), Some("INSERT"));
+    assert_eq!(insert.str_attribute("db.system.name"), Some("memory"));
+    assert_eq!(insert.str_attribute("db.collection.name"), Some("users"));
 
     for span in [&server, &create, &insert] {
         let resource = &span.resource;

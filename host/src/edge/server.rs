@@ -21,7 +21,6 @@ use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
 use tokio::net::TcpListener;
-use tracing::Instrument;
 
 use crate::edge::client_stream::{ClientStream, DrainOnClose, Linger};
 use crate::edge::connections::{AwaitNextHead, ConnectionTable, MAX_HEADER_BYTES, Phase, Ticket};
@@ -29,7 +28,7 @@ use crate::edge::request_body::{BodyBuffers, BodyError, GuestRequestBody, ReadBo
 use crate::edge::responses::{self, ResponseBody};
 use crate::error::{HostFault, RequestError, one_line};
 use crate::observability::metrics::{self, Metrics};
-use crate::observability::request_span;
+use crate::observability::request_span::RequestSpan;
 use crate::observability::routes::{self, MatchedRoute};
 use crate::runtime::Serving;
 use crate::runtime::store::RequestContext;
@@ -107,7 +106,7 @@ impl App {
         let started = Instant::now();
         let request_id = request_id(request.headers());
         let method = request.method().clone();
-        let span = request_span::request_span(
+        let span = RequestSpan::start(
             &method,
             request.uri(),
             request_id.to_str().unwrap_or_default(),
@@ -115,15 +114,14 @@ impl App {
         );
         let matched_route = Arc::new(MatchedRoute::default());
         let host_fault = Arc::new(HostFault::default());
-        let mut response = self
-            .respond(request, &request_id, &span, &matched_route, &host_fault)
-            .instrument(span.clone())
+        let mut response = span
+            .instrument(self.respond(request, &request_id, &span, &matched_route, &host_fault))
             .await;
         response.headers_mut().insert(REQUEST_ID, request_id);
 
         let status = response.status().as_u16();
         let (route, span_lacks_route) = matched_route.answer();
-        request_span::record_answer(&span, &method, &route, span_lacks_route, status);
+        span.record_answer(&method, &route, span_lacks_route, status);
         // One line per failed request, with its cause when the host knows it.
         let cause = host_fault.take();
         span.in_scope(|| {
@@ -142,7 +140,7 @@ impl App {
         &self,
         request: Request<Incoming>,
         request_id: &HeaderValue,
-        span: &tracing::Span,
+        span: &RequestSpan,
         matched_route: &Arc<MatchedRoute>,
         host_fault: &Arc<HostFault>,
     ) -> Response<ResponseBody> {
@@ -194,7 +192,7 @@ impl App {
         let left_unread = body == ReadBody::OverLimit;
         if parts.uri.path() == routes::METRICS_PATH {
             if let Some(route) = matched_route.set(Arc::from(routes::METRICS_PATH)) {
-                span.record("http.route", &*route);
+                span.record_route(&route);
             }
             // The contract's order holds here too: a wrong method (405) before a body over the
             // limit (413); a refusal gets its WARN line in `handle`.
@@ -240,7 +238,7 @@ impl App {
         );
         let serving = self.serving.current();
         // The guest changes with a swap: each request span says which one answered it.
-        span.record("guest.version", serving.version.as_str());
+        span.record_guest_version(serving.version.as_str());
         let response = match serving.guest.handle(context, request).await {
             Ok(response) => response.map(BodyExt::boxed_unsync),
             Err(error) => {

@@ -1,6 +1,6 @@
-//! The `telemetry` WIT interface: the guest's spans and log events become `tracing` spans and
-//! events inside the request's server span, so they are exported and logged with its ids; the
-//! route it names labels the request.
+//! The `telemetry` WIT interface: the guest's spans become exported spans inside the request's
+//! server span, and its log events `tracing` events inside the request, so they are exported and
+//! logged with its ids; the route it names labels the request.
 //!
 //! Each function is written once, on [`GuestTelemetry`]: a call is first admitted against the
 //! request's quotas (nothing it passes is read otherwise), its strings are then lifted within
@@ -8,9 +8,8 @@
 
 use std::sync::Arc;
 
-use opentelemetry::trace::{SpanContext, TraceContextExt};
-use opentelemetry::{KeyValue, Value as OtelValue};
-use tracing_opentelemetry::OpenTelemetrySpanExt;
+use opentelemetry::trace::{SpanContext, SpanKind, TraceContextExt};
+use opentelemetry::{Context, KeyValue, Value as OtelValue};
 use wasmtime::StoreContextMut;
 use wasmtime::component::{Linker, Resource, ResourceTable, ResourceType, WasmList, WasmStr};
 
@@ -20,6 +19,7 @@ use crate::interfaces::lift::{self, Allowance, InGuest, Lifted, WireAttribute};
 use crate::observability::cost::{HostCalls, HostInterface};
 use crate::observability::logs;
 use crate::observability::metrics::{DroppedGuestTelemetry, Metrics};
+use crate::observability::request_span::{self, RequestSpan};
 use crate::observability::routes::{self, Label, MatchedRoute, RouteTemplates};
 
 /// The `target` of every log event and span the guest reports.
@@ -66,7 +66,7 @@ pub struct GuestTelemetry {
     /// Off for the host's own probes: handles are given, nothing is recorded.
     enabled: bool,
     /// The request's server span: the parent of every span the guest opens.
-    request_span: tracing::Span,
+    request_span: RequestSpan,
     /// The route the guest names for this request, shared with the server that labels it.
     matched_route: Arc<MatchedRoute>,
     /// The templates the serving guest has named.
@@ -97,7 +97,8 @@ pub(crate) enum Report {
 
 struct OpenSpan {
     rep: u32,
-    span: tracing::Span,
+    /// The span, in the context the guest's spans inside it start under.
+    span: Context,
     /// Set when the span ends, so a later value replaces an earlier one of the same key.
     attributes: Vec<(String, Value)>,
     /// Bytes of its name and attributes, against [`MAX_BYTES_PER_SPAN`].
@@ -118,9 +119,15 @@ impl OpenSpan {
 
     /// Ends the span with its attributes.
     fn end(self) {
-        for (key, value) in self.attributes {
-            set_attribute(&self.span, Attribute { key, value });
+        let span = self.span.span();
+        if !self.attributes.is_empty() {
+            span.set_attributes(
+                self.attributes
+                    .into_iter()
+                    .map(|(key, value)| key_value(Attribute { key, value })),
+            );
         }
+        span.end();
     }
 }
 
@@ -129,7 +136,7 @@ impl GuestTelemetry {
     /// `matched_route`, labelled by `route_templates`; what its quotas drop is counted in
     /// `metrics`.
     pub fn new(
-        request_span: tracing::Span,
+        request_span: RequestSpan,
         matched_route: Arc<MatchedRoute>,
         route_templates: Arc<RouteTemplates>,
         metrics: Option<Arc<Metrics>>,
@@ -155,16 +162,17 @@ impl GuestTelemetry {
     /// Telemetry that records nothing: for the host's own probes.
     pub fn off() -> GuestTelemetry {
         let mut telemetry =
-            GuestTelemetry::new(tracing::Span::none(), Arc::default(), Arc::default(), None);
+            GuestTelemetry::new(RequestSpan::none(), Arc::default(), Arc::default(), None);
         telemetry.enabled = false;
         telemetry
     }
 
-    /// The innermost span of this request that is still open.
-    pub fn innermost_span(&self) -> &tracing::Span {
+    /// The innermost span of this request that is still open, as the context its children
+    /// start under.
+    pub fn innermost_context(&self) -> &Context {
         self.open
             .last()
-            .map_or(&self.request_span, |open| &open.span)
+            .map_or(self.request_span.context(), |open| &open.span)
     }
 
     /// The allowance a call may lift within, if telemetry is on and the quotas hold one more
@@ -221,7 +229,7 @@ impl GuestTelemetry {
     }
 
     /// The request's server span (a disabled span for the host's own probes).
-    pub fn request_span(&self) -> &tracing::Span {
+    pub fn request_span(&self) -> &RequestSpan {
         &self.request_span
     }
 
@@ -242,11 +250,11 @@ impl GuestTelemetry {
         };
         self.spans += 1;
         let bytes = name.len();
-        let span = tracing::info_span!(
-            target: GUEST_TARGET,
-            parent: self.innermost_span(),
-            "guest span",
-            otel.name = name,
+        let span = request_span::start_child(
+            self.innermost_context(),
+            name,
+            SpanKind::Internal,
+            Vec::new(),
         );
         let mut open = OpenSpan {
             rep,
@@ -320,15 +328,17 @@ impl GuestTelemetry {
             };
             (key, value)
         }));
-        let _inside = self.innermost_span().enter();
-        let _in_guest_span = in_guest_span.map(|context| {
-            opentelemetry::Context::current()
-                .with_remote_span_context(context.clone())
-                .attach()
-        });
+        let in_guest_span_context;
+        let exported = match in_guest_span {
+            Some(context) => {
+                in_guest_span_context = Context::new().with_remote_span_context(context.clone());
+                &in_guest_span_context
+            }
+            None => self.innermost_context(),
+        };
         let span_id = in_guest_span.map(|context| context.span_id().to_string());
         let span_id = span_id.as_deref();
-        match level {
+        self.request_span.in_span(exported, || match level {
             Level::Trace => {
                 tracing::trace!(target: GUEST_TARGET, span_id, guest_fields = %fields, "{message}")
             }
@@ -344,7 +354,7 @@ impl GuestTelemetry {
             Level::Error => {
                 tracing::error!(target: GUEST_TARGET, span_id, guest_fields = %fields, "{message}")
             }
-        }
+        });
     }
 
     /// The templates a `set-route` may be labelled by, if telemetry is on and the route
@@ -380,7 +390,7 @@ impl GuestTelemetry {
         };
         if let Some(first) = self.matched_route.set(route) {
             // Only the request's first route reaches its span (and so its log lines) now.
-            self.request_span.record("http.route", &*first);
+            self.request_span.record_route(&first);
         }
     }
 
@@ -522,16 +532,15 @@ fn value_bytes(value: &Value) -> usize {
     }
 }
 
-/// Sets `attribute` on `span`, for its exporter.
-fn set_attribute(span: &tracing::Span, Attribute { key, value }: Attribute) {
+/// `attribute` as an OpenTelemetry attribute.
+fn key_value(Attribute { key, value }: Attribute) -> KeyValue {
     let value = match value {
         Value::Text(text) => OtelValue::from(text),
         Value::Integer(number) => OtelValue::I64(number),
         Value::Float(number) => OtelValue::F64(number),
         Value::Boolean(flag) => OtelValue::Bool(flag),
     };
-    let attribute = KeyValue::new(key, value);
-    span.set_attribute(attribute.key, attribute.value);
+    KeyValue::new(key, value)
 }
 
 /// `value` as a JSON log field.
@@ -550,7 +559,7 @@ mod tests {
 
     /// A request's telemetry, on, outside any request span.
     fn request() -> GuestTelemetry {
-        GuestTelemetry::new(tracing::Span::none(), Arc::default(), Arc::default(), None)
+        GuestTelemetry::new(RequestSpan::none(), Arc::default(), Arc::default(), None)
     }
 
     /// What the linked constructor does, with a name that is a host string.
@@ -650,7 +659,7 @@ mod tests {
     fn one_span_carries_at_most_its_byte_budget() {
         let mut open = OpenSpan {
             rep: 1,
-            span: tracing::Span::none(),
+            span: Context::new(),
             attributes: Vec::new(),
             bytes: 0,
         };

@@ -9,8 +9,9 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use tracing::Instrument;
-use tracing::field::Empty;
+use opentelemetry::context::FutureExt as _;
+use opentelemetry::trace::{SpanKind, Status, TraceContextExt};
+use opentelemetry::{Context, KeyValue};
 use uuid::Uuid;
 use wasmtime::StoreContextMut;
 use wasmtime::component::{Linker, WasmStr};
@@ -20,6 +21,7 @@ use crate::interfaces::bindings::users::{CreateError, StoreError, User};
 use crate::interfaces::lift::{self, InGuest};
 use crate::observability::cost::{HostCalls, HostInterface};
 use crate::observability::metrics::{LookupResult, Metrics};
+use crate::observability::request_span;
 use crate::user_store::{self, Unavailable, UserStore};
 
 /// The longest `name` and `email` the host stores, in bytes: the guest's own limits (200 and 254
@@ -37,7 +39,7 @@ pub const MAX_STORE_SPANS_PER_REQUEST: u32 = 64;
 /// The store data of a request whose guest may use the `users` interface.
 pub trait UsersView: HostCalls + Send + 'static {
     /// The request's user calls, and the span they nest under (the guest's innermost open one).
-    fn users(&mut self) -> (&mut UserCalls, &tracing::Span);
+    fn users(&mut self) -> (&mut UserCalls, &Context);
 }
 
 /// One request's calls on the user store.
@@ -80,7 +82,7 @@ impl UserCalls {
         &mut self,
         after: Option<&str>,
         limit: u32,
-        parent: &tracing::Span,
+        parent: &Context,
     ) -> Result<Vec<User>, StoreError> {
         let after = match after.map(Uuid::try_parse) {
             None => None,
@@ -98,11 +100,7 @@ impl UserCalls {
 
     /// `get`: a lookup, counted in `user_lookups_total` as found or not (a store fault is
     /// neither); an id that is no UUID finds nothing.
-    pub async fn get(
-        &mut self,
-        id: &str,
-        parent: &tracing::Span,
-    ) -> Result<Option<User>, StoreError> {
+    pub async fn get(&mut self, id: &str, parent: &Context) -> Result<Option<User>, StoreError> {
         let found = match Uuid::try_parse(id) {
             Ok(id) => {
                 let users = Arc::clone(&self.store);
@@ -127,7 +125,7 @@ impl UserCalls {
         &mut self,
         name: &str,
         email: &str,
-        parent: &tracing::Span,
+        parent: &Context,
     ) -> Result<User, CreateError> {
         let users = Arc::clone(&self.store);
         let created = self
@@ -146,12 +144,14 @@ impl UserCalls {
         // `&mut`: the state is `Send` but not `Sync`, and the future holds it across the wait.
         &mut self,
         call: StoreCall,
-        parent: &tracing::Span,
+        parent: &Context,
         future: impl Future<Output = R>,
     ) -> R {
         let span = self.span(call, parent);
         let started = Instant::now();
-        let outcome = future.instrument(span.clone()).await;
+        // Current while the store works, so it can say on the span whether it asked the
+        // database (`user_store.cache_hit`).
+        let outcome = future.with_context(span.clone()).await;
         let fault = outcome.fault();
         if let Some(metrics) = &self.metrics {
             metrics.observe_store_call(
@@ -162,41 +162,43 @@ impl UserCalls {
             );
         }
         if let Some(Unavailable(reason)) = fault {
-            span.record("otel.status_code", "ERROR");
-            span.record("error.type", "unavailable");
+            span.span().set_status(Status::error(""));
+            span.span()
+                .set_attribute(KeyValue::new("error.type", "unavailable"));
             // Not a line of its own: the request's one ERROR line carries the reason.
-            span.in_scope(|| {
-                tracing::debug!(operation = call.label(), reason, "user store call failed")
-            });
+            tracing::debug!(operation = call.label(), reason, "user store call failed");
             if let Some(fault) = &self.host_fault {
                 fault.record(|| format!("user store call {} failed: {reason}", call.label()));
             }
         }
+        span.span().end();
         outcome
     }
 
-    /// The call's client span, while the request has spans left.
-    fn span(&mut self, call: StoreCall, parent: &tracing::Span) -> tracing::Span {
+    /// The call's client span, while the request has spans left: an empty context otherwise.
+    fn span(&mut self, call: StoreCall, parent: &Context) -> Context {
         if self.spans_left == 0 {
-            return tracing::Span::none();
+            return Context::new();
         }
         self.spans_left -= 1;
         let target = self.store.span_target();
-        let (address, port) = target.server.unzip();
-        tracing::info_span!(
-            parent: parent,
-            "user store call",
-            otel.name = format!("{} users", call.operation_name()),
-            otel.kind = "client",
-            otel.status_code = Empty,
-            db.system.name = target.system,
-            db.operation.name = call.operation_name(),
-            db.collection.name = "users",
-            db.namespace = target.namespace,
-            server.address = address,
-            server.port = port,
-            error.type = Empty,
-            user_store.cache_hit = Empty,
+        let mut attributes = vec![
+            KeyValue::new("db.system.name", target.system),
+            KeyValue::new("db.operation.name", call.operation_name()),
+            KeyValue::new("db.collection.name", "users"),
+        ];
+        if let Some(namespace) = target.namespace {
+            attributes.push(KeyValue::new("db.namespace", namespace.to_string()));
+        }
+        if let Some((address, port)) = target.server {
+            attributes.push(KeyValue::new("server.address", address.to_string()));
+            attributes.push(KeyValue::new("server.port", i64::from(port)));
+        }
+        request_span::start_child(
+            parent,
+            format!("{} users", call.operation_name()),
+            SpanKind::Client,
+            attributes,
         )
     }
 }
@@ -328,8 +330,8 @@ mod tests {
         )
     }
 
-    fn outside() -> tracing::Span {
-        tracing::Span::none()
+    fn outside() -> Context {
+        Context::new()
     }
 
     #[tokio::test]

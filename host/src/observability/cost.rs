@@ -8,10 +8,9 @@ use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use opentelemetry::KeyValue;
-use opentelemetry::trace::TraceContextExt;
-use tracing_opentelemetry::OpenTelemetrySpanExt;
 
 use crate::observability::metrics::Metrics;
+use crate::observability::request_span::RequestSpan;
 use crate::observability::routes::MatchedRoute;
 
 /// The host's own interfaces a guest may call, each counted apart. WASI calls (`wasi:http`,
@@ -126,7 +125,7 @@ impl RequestCost {
 /// instance's task, however it ends (answered, trapped, stopped at its deadline, aborted).
 pub struct CostReport {
     /// The request's server span, given the `wasm.*` attributes.
-    pub span: tracing::Span,
+    pub span: RequestSpan,
     /// Where the per-route `wasm_*` metrics are.
     pub metrics: Arc<Metrics>,
     /// The route the guest named, their label.
@@ -136,30 +135,32 @@ pub struct CostReport {
 }
 
 impl Drop for CostReport {
-    /// Straight onto the OpenTelemetry span, not through `tracing` fields: the JSON lines have
-    /// no use for them (the request is over), and a field record costs a JSON append. A host
-    /// interface never called gets no attribute (the span must still fit 128 to a datagram).
+    /// Onto the exported span only, when it records: the JSON lines have no use for them (the
+    /// request is over). A host interface never called gets no attribute (the span must still
+    /// fit 128 to a datagram).
     fn drop(&mut self) {
         let reading = self.cost.read();
         let memory_peak = i64::try_from(reading.memory_peak).unwrap_or(i64::MAX);
         let host_calls = HostInterface::ALL
             .map(|interface| (interface.name(), reading.host_calls[interface as usize]));
-        let mut attributes = vec![
-            KeyValue::new(
-                "wasm.instantiation.duration",
-                reading.instantiation.as_secs_f64(),
-            ),
-            KeyValue::new("wasm.run.duration", reading.running.as_secs_f64()),
-            KeyValue::new("wasm.memory.peak", memory_peak),
-        ];
-        for interface in HostInterface::ALL {
-            let calls = reading.host_calls[interface as usize];
-            if calls > 0 {
-                attributes.push(KeyValue::new(interface.span_attribute(), i64::from(calls)));
+        if self.span.is_recording() {
+            let mut attributes = vec![
+                KeyValue::new(
+                    "wasm.instantiation.duration",
+                    reading.instantiation.as_secs_f64(),
+                ),
+                KeyValue::new("wasm.run.duration", reading.running.as_secs_f64()),
+                KeyValue::new("wasm.memory.peak", memory_peak),
+            ];
+            for interface in HostInterface::ALL {
+                let calls = reading.host_calls[interface as usize];
+                if calls > 0 {
+                    attributes.push(KeyValue::new(interface.span_attribute(), i64::from(calls)));
+                }
             }
+            // Set all at once: one lock of the span.
+            self.span.set_attributes(attributes);
         }
-        // One look-up of the OpenTelemetry span for all of them.
-        self.span.context().span().set_attributes(attributes);
         let (route, _) = self.route.answer();
         self.metrics.observe_instance_cost(
             &route,

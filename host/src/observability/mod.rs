@@ -4,7 +4,8 @@
 //! - [`jaeger_agent`]: the exporter of spans to a Jaeger agent, Thrift over UDP;
 //! - [`otlp`]: the OTLP exporters of spans, metrics and log records;
 //! - [`settings`]: the log and export settings, the OpenTelemetry SDK's variables among them;
-//! - [`request_span`]: each request's server span and what its answer records on it;
+//! - [`request_span`]: each request's server span and what its answer records on it, and the
+//!   host's spans inside it, built on the OpenTelemetry SDK;
 //! - [`logs`]: the JSON log line format;
 //! - [`log_writer`]: the lines' way to stdout and the log file, batched by one thread;
 //! - [`metrics`]: every instrument, and the `/metrics` page;

@@ -12,6 +12,7 @@
 
 use std::io::Write;
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -27,7 +28,7 @@ use opentelemetry_sdk::propagation::TraceContextPropagator;
 use opentelemetry_sdk::runtime::Tokio;
 use opentelemetry_sdk::trace::span_processor_with_async_runtime::BatchSpanProcessor;
 use opentelemetry_sdk::trace::{
-    BatchConfigBuilder, SdkTracerProvider, Span, SpanData, SpanProcessor,
+    BatchConfigBuilder, SdkTracer, SdkTracerProvider, Span, SpanData, SpanProcessor,
 };
 use tracing_subscriber::Layer;
 use tracing_subscriber::filter::{EnvFilter, FilterExt, filter_fn};
@@ -58,6 +59,25 @@ const EXPORTER_TARGETS: [&str; 6] = ["opentelemetry", "hyper", "h2", "tonic", "t
 /// The span exporter's processor, which the guests' `wasi:otel` spans are handed to as they
 /// come (already ended, with the guest's own ids): set once, when spans are exported.
 static GUEST_SPANS: OnceLock<Arc<dyn SpanProcessor>> = OnceLock::new();
+
+/// The host's tracer, which starts every request's server span and the host's spans inside it
+/// (`observability::request_span`): set once, when spans are exported.
+static HOST_SPANS: OnceLock<SdkTracer> = OnceLock::new();
+
+/// Whether log lines also go out as OTLP log records, whose trace and span ids are read from
+/// the OpenTelemetry context current when the line is written.
+static LOG_RECORDS_EXPORTED: AtomicBool = AtomicBool::new(false);
+
+/// The tracer of the host's own spans; `None` when spans are not exported.
+pub fn host_tracer() -> Option<&'static SdkTracer> {
+    HOST_SPANS.get()
+}
+
+/// Whether log lines are exported as OTLP log records: only then must a request's
+/// OpenTelemetry context be made current while its lines are written.
+pub fn log_records_exported() -> bool {
+    LOG_RECORDS_EXPORTED.load(Ordering::Relaxed)
+}
 
 /// Exports a span a guest ended through `wasi:otel`, beside the host's own, through the same
 /// bounded queue; dropped when no spans are exported.
@@ -197,23 +217,10 @@ pub fn init(settings: &TelemetrySettings) -> Telemetry {
         .map_err(|error| problems.push(("spans", error)))
         .ok()
         .flatten();
-    let spans = tracer.as_ref().map(|provider| {
-        // Without code locations, module paths (`target`), thread ids and busy/idle timings:
-        // tags nobody reads here, encoding every tag is a visible share of the host's CPU, and
-        // a request span must stay small enough for 128 to fill one datagram to the agent.
-        tracing_opentelemetry::layer()
-            .with_tracer(provider.tracer(HOST_TRACER))
-            .with_target(false)
-            .with_location(false)
-            .with_threads(false)
-            .with_tracked_inactivity(false)
-            // Making a span's OpenTelemetry context the current one at every enter (each poll of
-            // a request's futures) serves only the log-record bridge, which reads a record's ids
-            // from it: without log records the layer finds parents through `tracing`'s own
-            // current span, and the guest's spans name theirs explicitly.
-            .with_context_activation(logger.is_some())
-            .with_filter(info_spans())
-    });
+    if let Some(provider) = &tracer {
+        let _ = HOST_SPANS.set(provider.tracer(HOST_TRACER));
+    }
+    LOG_RECORDS_EXPORTED.store(logger.is_some(), Ordering::Relaxed);
     let log_records = logger.as_ref().map(|provider| {
         // With a hint that passes the log filter's on: without one, the subscriber's maximum
         // level (and the `log` crate's, cranelift's) would become TRACE.
@@ -241,7 +248,6 @@ pub fn init(settings: &TelemetrySettings) -> Telemetry {
     metrics.observe_dropped_log_lines(move || log_lines.dropped_by_output());
     tracing_subscriber::registry()
         .with(logs)
-        .with(spans)
         .with(log_records)
         .init();
 

@@ -1,13 +1,26 @@
-//! The request's server span: its name, its fields by OpenTelemetry's HTTP conventions, the
-//! caller's trace it continues, and what the answer adds to it.
+//! The request's server span: its name, its attributes by OpenTelemetry's HTTP conventions,
+//! the caller's trace it continues, and what the answer adds to it; and the host's spans inside
+//! it.
+//!
+//! A request span is two things kept side by side: the OpenTelemetry span that is exported,
+//! built and ended on the SDK directly, and a `tracing` span that carries the fields its log
+//! lines repeat (`request_id`, the ids, method, path, route, status). Each field is written once
+//! to where it is read, and no bridge between the two runs at every enter, exit and record.
+
+use std::borrow::Cow;
 
 use http::{HeaderMap, Method, Uri};
-use opentelemetry::KeyValue;
+use opentelemetry::context::FutureExt as _;
 use opentelemetry::propagation::Extractor;
-use opentelemetry::trace::{SpanContext, SpanId, TraceContextExt, TraceId};
+use opentelemetry::trace::{
+    SpanContext, SpanId, SpanKind, Status, TraceContextExt, TraceId, Tracer,
+};
+use opentelemetry::{Context, KeyValue};
 use opentelemetry_sdk::trace::{IdGenerator, RandomIdGenerator};
+use tracing::Instrument;
 use tracing::field::Empty;
-use tracing_opentelemetry::OpenTelemetrySpanExt;
+
+use crate::observability::pipeline;
 
 /// Longest `url.path` (and `url.query`) recorded on a span: a span must fit in one UDP packet
 /// to the agent.
@@ -37,55 +50,189 @@ pub fn standard_method(method: &Method) -> Option<&'static str> {
         .find(|standard| *standard == method)
         .map(Method::as_str)
 }
-/// The server span of one request, continuing the caller's trace when the request carries a
-/// W3C `traceparent`. Named `HTTP <METHOD>` until [`record_answer`] adds the route.
-pub fn request_span(
-    method: &Method,
-    uri: &Uri,
-    request_id: &str,
-    headers: &HeaderMap,
-) -> tracing::Span {
-    let path = truncate(uri.path(), MAX_RECORDED_PATH);
-    // Clients choose the method: only the standard ones become span names or attribute values,
-    // so the set of names stays bounded and a 5,000-byte method is not logged whole.
-    let method_name = standard_method(method).unwrap_or(OTHER_METHOD);
-    let method_original = standard_method(method)
-        .is_none()
-        .then(|| truncate(method.as_str(), MAX_RECORDED_METHOD));
-    let span = tracing::info_span!(
-        "request",
-        otel.name = format!("HTTP {method_name}"),
-        otel.kind = "server",
-        otel.status_code = Empty,
-        http.request.method = method_name,
-        http.request.method_original = method_original,
-        http.route = Empty,
-        url.path = path,
-        http.response.status_code = Empty,
-        guest.version = Empty,
-        request_id,
-        trace_id = Empty,
-        span_id = Empty,
-    );
-    let caller = opentelemetry::global::get_text_map_propagator(|propagator| {
-        propagator.extract(&HeaderExtractor(headers))
-    });
-    let caller_trace = caller.span().span_context().trace_id();
-    // Fails only where no span is exported (no OpenTelemetry layer).
-    let _ = span.set_parent(caller);
-    let context = span.context();
-    let exported = context.span();
-    // Conventions the log lines need not repeat go onto the OpenTelemetry span alone: a
-    // `tracing` field would be written on every line of the request.
-    exported.set_attribute(KeyValue::new("url.scheme", "http"));
-    if let Some(query) = uri.query() {
-        let query = truncate(query, MAX_RECORDED_PATH).to_string();
-        exported.set_attribute(KeyValue::new("url.query", query));
+
+/// The server span of one request: the exported span, and the `tracing` span of its log lines.
+/// Clones share both; the exported span ends when the last clone is dropped.
+#[derive(Clone)]
+pub struct RequestSpan {
+    /// The fields every log line of the request carries.
+    log: tracing::Span,
+    /// The exported span, in a context its children start under; an empty context when spans
+    /// are not exported or the request is the host's own.
+    exported: Context,
+}
+
+impl RequestSpan {
+    /// Starts the server span of a request, continuing the caller's trace when the request
+    /// carries a W3C `traceparent`. Named `HTTP <METHOD>` until [`RequestSpan::record_answer`]
+    /// adds the route.
+    pub fn start(method: &Method, uri: &Uri, request_id: &str, headers: &HeaderMap) -> RequestSpan {
+        let path = truncate(uri.path(), MAX_RECORDED_PATH);
+        // Clients choose the method: only the standard ones become span names or attribute
+        // values, so the set of names stays bounded and a 5,000-byte method is not logged whole.
+        let method_name = standard_method(method).unwrap_or(OTHER_METHOD);
+        let method_original = standard_method(method)
+            .is_none()
+            .then(|| truncate(method.as_str(), MAX_RECORDED_METHOD));
+        let caller = opentelemetry::global::get_text_map_propagator(|propagator| {
+            propagator.extract(&HeaderExtractor(headers))
+        });
+        let exported = match pipeline::host_tracer() {
+            Some(tracer) => {
+                let mut attributes = Vec::with_capacity(12);
+                attributes.push(KeyValue::new("http.request.method", method_name));
+                if let Some(original) = method_original {
+                    let original = original.to_string();
+                    attributes.push(KeyValue::new("http.request.method_original", original));
+                }
+                attributes.push(KeyValue::new("url.path", path.to_string()));
+                attributes.push(KeyValue::new("url.scheme", "http"));
+                if let Some(query) = uri.query() {
+                    let query = truncate(query, MAX_RECORDED_PATH).to_string();
+                    attributes.push(KeyValue::new("url.query", query));
+                }
+                attributes.push(KeyValue::new("request_id", request_id.to_string()));
+                let span = tracer
+                    .span_builder(format!("HTTP {method_name}"))
+                    .with_kind(SpanKind::Server)
+                    .with_attributes(attributes)
+                    .start_with_context(tracer, &caller);
+                Context::new().with_span(span)
+            }
+            None => Context::new(),
+        };
+        let caller_trace = caller.span().span_context().trace_id();
+        let (trace_id, span_id) = log_ids(exported.span().span_context(), caller_trace);
+        let log = tracing::info_span!(
+            "request",
+            http.request.method = method_name,
+            http.request.method_original = method_original,
+            http.route = Empty,
+            url.path = path,
+            http.response.status_code = Empty,
+            guest.version = Empty,
+            request_id,
+            trace_id = %trace_id,
+            span_id = %span_id,
+        );
+        RequestSpan { log, exported }
     }
-    let (trace_id, span_id) = log_ids(exported.span_context(), caller_trace);
-    span.record("trace_id", trace_id.to_string());
-    span.record("span_id", span_id.to_string());
-    span
+
+    /// The span of a request the host sends itself, or of a test: nothing is exported or
+    /// logged under it.
+    pub fn none() -> RequestSpan {
+        RequestSpan {
+            log: tracing::Span::none(),
+            exported: Context::new(),
+        }
+    }
+
+    /// The context the host's and the guest's spans of this request start under.
+    pub fn context(&self) -> &Context {
+        &self.exported
+    }
+
+    /// The exported span's ids: invalid when spans are not exported.
+    pub fn span_context(&self) -> SpanContext {
+        self.exported.span().span_context().clone()
+    }
+
+    /// Whether the exported span records what is set on it (spans are exported, and the
+    /// caller did not ask for its trace to be left out).
+    pub fn is_recording(&self) -> bool {
+        self.exported.span().is_recording()
+    }
+
+    /// Records the route the guest named first: in the log lines from now on, and on the span.
+    pub fn record_route(&self, route: &str) {
+        self.log.record("http.route", route);
+        self.set_attributes(vec![KeyValue::new("http.route", route.to_string())]);
+    }
+
+    /// Records which guest answers the request (guests change with a swap).
+    pub fn record_guest_version(&self, version: &str) {
+        self.log.record("guest.version", version);
+        self.set_attributes(vec![KeyValue::new("guest.version", version.to_string())]);
+    }
+
+    /// Sets attributes on the exported span alone: what the log lines have no use for.
+    pub fn set_attributes(&self, attributes: Vec<KeyValue>) {
+        if self.is_recording() {
+            self.exported.span().set_attributes(attributes);
+        }
+    }
+
+    /// Records the answer: its route in the span's name (`HTTP <METHOD> <route>`) and, unless
+    /// the span already carries it, in `http.route`; its status; a 5xx marks the span an error.
+    pub fn record_answer(&self, method: &Method, route: &str, record_route: bool, status: u16) {
+        if record_route {
+            self.log.record("http.route", route);
+        }
+        self.log
+            .record("http.response.status_code", i64::from(status));
+        if !self.is_recording() {
+            return;
+        }
+        let method_name = standard_method(method).unwrap_or(OTHER_METHOD);
+        let span = self.exported.span();
+        span.update_name(format!("HTTP {method_name} {route}"));
+        if record_route {
+            span.set_attribute(KeyValue::new("http.route", route.to_string()));
+        }
+        span.set_attribute(KeyValue::new(
+            "http.response.status_code",
+            i64::from(status),
+        ));
+        if status >= 500 {
+            span.set_status(Status::error(""));
+            // The conventions' `error.type` of a server error is its status code.
+            span.set_attribute(KeyValue::new("error.type", status.to_string()));
+        }
+    }
+
+    /// Runs `f` inside the request: its log lines carry the request's fields (and, as OTLP
+    /// log records, its ids).
+    pub fn in_scope<R>(&self, f: impl FnOnce() -> R) -> R {
+        self.in_span(&self.exported, f)
+    }
+
+    /// Runs `f` inside the request, its OTLP log records carrying the ids of `span`: the
+    /// request's span or one inside it.
+    pub fn in_span<R>(&self, span: &Context, f: impl FnOnce() -> R) -> R {
+        let _current = pipeline::log_records_exported().then(|| span.clone().attach());
+        self.log.in_scope(f)
+    }
+
+    /// `future`, inside the request at each poll, as [`RequestSpan::in_scope`].
+    pub async fn instrument<F: Future>(&self, future: F) -> F::Output {
+        let future = future.instrument(self.log.clone());
+        if pipeline::log_records_exported() {
+            future.with_context(self.exported.clone()).await
+        } else {
+            future.await
+        }
+    }
+}
+
+/// Starts a span of the host's named `name` under `parent`, with `attributes`; an empty context
+/// when `parent` holds no span (spans are not exported, or the request is the host's own).
+pub fn start_child(
+    parent: &Context,
+    name: impl Into<Cow<'static, str>>,
+    kind: SpanKind,
+    attributes: Vec<KeyValue>,
+) -> Context {
+    match pipeline::host_tracer() {
+        Some(tracer) if parent.has_active_span() => {
+            let span = tracer
+                .span_builder(name)
+                .with_kind(kind)
+                .with_attributes(attributes)
+                .start_with_context(tracer, parent);
+            Context::new().with_span(span)
+        }
+        _ => Context::new(),
+    }
 }
 
 /// The trace and span ids the request's log lines carry: the exported span's, or, where spans
@@ -103,33 +250,6 @@ fn log_ids(exported: &SpanContext, caller_trace: TraceId) -> (TraceId, SpanId) {
         caller_trace
     };
     (trace_id, ids.new_span_id())
-}
-
-/// Records the answer on the request span: its route in the name (`HTTP <METHOD> <route>`) and,
-/// unless the span already carries it, in `http.route`; its status; a 5xx marks it an error.
-pub fn record_answer(
-    span: &tracing::Span,
-    method: &Method,
-    route: &str,
-    record_route: bool,
-    status: u16,
-) {
-    let method_name = standard_method(method).unwrap_or(OTHER_METHOD);
-    // On the OpenTelemetry span itself: it started when the request's ids were read from it,
-    // and a started span takes a new name only this way.
-    let context = span.context();
-    let exported = context.span();
-    exported.update_name(format!("HTTP {method_name} {route}"));
-    if record_route {
-        span.record("http.route", route);
-    }
-    // As an integer attribute: tracing-opentelemetry would record a `u16`'s u64 as text.
-    span.record("http.response.status_code", i64::from(status));
-    if status >= 500 {
-        span.record("otel.status_code", "ERROR");
-        // The conventions' `error.type` of a server error is its status code.
-        exported.set_attribute(KeyValue::new("error.type", status.to_string()));
-    }
 }
 
 fn truncate(text: &str, max: usize) -> &str {

@@ -71,7 +71,7 @@ fn is_template(template: &str) -> bool {
 
 /// The route one request matched, as its guest named it; shared by the request's store (which
 /// sets it) and the server (which labels the request with it). It also remembers which route the
-/// request's span already carries: tracing-opentelemetry appends an attribute at every record,
+/// request's span already carries: an OpenTelemetry span appends an attribute at every set,
 /// so a guest naming routes in a loop must not reach the span each time.
 #[derive(Debug, Default)]
 pub struct MatchedRoute(Mutex<Named>);

@@ -3,6 +3,7 @@
 use bytes::Bytes;
 
 use crate::error::one_line;
+use crate::observability::pipeline::log_records_exported;
 use wasmtime_wasi_http::p2::body::HyperOutgoingBody;
 
 /// A guest's response body that ends only when the guest's task has ended well.
@@ -16,6 +17,8 @@ pub struct GuestBody {
     task: Option<tokio::task::JoinHandle<wasmtime::Result<()>>>,
     /// The request's span, for the log line of a failure.
     span: tracing::Span,
+    /// The request's OpenTelemetry context, when that line also goes out as a log record.
+    exported: Option<opentelemetry::Context>,
 }
 
 impl GuestBody {
@@ -27,6 +30,7 @@ impl GuestBody {
             inner,
             task: Some(task),
             span: tracing::Span::current(),
+            exported: log_records_exported().then(opentelemetry::Context::current),
         }
     }
 }
@@ -55,6 +59,7 @@ impl http_body::Body for GuestBody {
             Ok(Ok(())) => Poll::Ready(None),
             Ok(Err(trap)) => {
                 let error = one_line(&*trap);
+                let _current = self.exported.clone().map(opentelemetry::Context::attach);
                 self.span.in_scope(|| {
                     tracing::error!(
                         error,

@@ -19,6 +19,7 @@ use crate::interfaces::telemetry::{GuestTelemetry, TelemetryView};
 use crate::interfaces::users::{UserCalls, UsersView};
 use crate::observability::cost::{CostReport, HostCalls, HostInterface, RequestCost};
 use crate::observability::metrics::Metrics;
+use crate::observability::request_span::RequestSpan;
 use crate::observability::routes::{MatchedRoute, RouteTemplates};
 use crate::runtime::capacity::InstanceLimiter;
 use crate::user_store::UserStore;
@@ -40,7 +41,7 @@ pub struct RequestContext {
 struct Reporting {
     metrics: Arc<Metrics>,
     /// The request's server span: the parent of every span the guest opens.
-    request_span: tracing::Span,
+    request_span: RequestSpan,
     /// Where the route the guest names goes, for the server that labels the answer.
     matched_route: Arc<MatchedRoute>,
     /// Where the first thing that failed on the host's side goes, for the request's ERROR line.
@@ -53,7 +54,7 @@ impl RequestContext {
     pub fn new(
         users: Arc<UserStore>,
         metrics: Arc<Metrics>,
-        request_span: tracing::Span,
+        request_span: RequestSpan,
         matched_route: Arc<MatchedRoute>,
         host_fault: Arc<HostFault>,
     ) -> RequestContext {
@@ -158,8 +159,8 @@ pub fn new_store(
 }
 
 impl UsersView for RequestState {
-    fn users(&mut self) -> (&mut UserCalls, &tracing::Span) {
-        (&mut self.users, self.telemetry.innermost_span())
+    fn users(&mut self) -> (&mut UserCalls, &opentelemetry::Context) {
+        (&mut self.users, self.telemetry.innermost_context())
     }
 }
 

@@ -8,6 +8,8 @@
 use std::time::{Duration, Instant};
 
 use deadpool_postgres::{Manager, ManagerConfig, Object, Pool, RecyclingMethod, Runtime};
+use opentelemetry::KeyValue;
+use opentelemetry::trace::TraceContextExt;
 use tokio_postgres::config::{Host, SslMode};
 use tokio_postgres::error::SqlState;
 use tokio_postgres::{NoTls, Row};
@@ -331,7 +333,11 @@ impl PostgresStore {
     /// id, a miss included, asks the database, which another replica may have written since.
     pub async fn get(&self, id: Uuid) -> Result<Option<User>, Unavailable> {
         let cached = self.found.get(id);
-        tracing::Span::current().record("user_store.cache_hit", cached.is_some());
+        // On the store call's span, which the `users` interface makes current while it waits.
+        opentelemetry::Context::map_current(|context| {
+            let hit = KeyValue::new("user_store.cache_hit", cached.is_some());
+            context.span().set_attribute(hit);
+        });
         if cached.is_some() {
             return Ok(cached);
         }

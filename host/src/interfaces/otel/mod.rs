@@ -29,9 +29,8 @@ mod wire;
 use std::collections::HashMap;
 use std::time::SystemTime;
 
-use opentelemetry::trace::{SpanContext, SpanId, TraceContextExt, TraceId};
+use opentelemetry::trace::{SpanContext, SpanId, TraceId};
 use opentelemetry::{Array, StringValue, Value as OtelValue};
-use tracing_opentelemetry::OpenTelemetrySpanExt;
 use wasmtime::StoreContextMut;
 use wasmtime::component::{Linker, WasmList, WasmStr};
 
@@ -121,14 +120,8 @@ impl GuestOtel {
     /// The request's server span context: invalid for the host's own probes and when no
     /// spans are exported.
     fn server(&mut self, telemetry: &GuestTelemetry) -> &SpanContext {
-        self.server.get_or_insert_with(|| {
-            telemetry
-                .request_span()
-                .context()
-                .span()
-                .span_context()
-                .clone()
-        })
+        self.server
+            .get_or_insert_with(|| telemetry.request_span().span_context())
     }
 
     /// Whether `span` is the server span or one of the guest's spans of this request.
