@@ -21,7 +21,7 @@ use crate::interfaces::bindings::users::{CreateError, StoreError, User};
 use crate::interfaces::lift::{self, InGuest};
 use crate::observability::cost::{HostCalls, HostInterface};
 use crate::observability::metrics::{LookupResult, Metrics};
-use crate::observability::request_span;
+use crate::observability::request_span::{self, log_records_exported};
 use crate::user_store::{self, Unavailable, UserStore};
 
 /// The longest `name` and `email` the host stores, in bytes: the guest's own limits (200 and 254
@@ -165,7 +165,14 @@ impl UserCalls {
             span.span().set_status(Status::error(""));
             span.span()
                 .set_attribute(KeyValue::new("error.type", "unavailable"));
-            // Not a line of its own: the request's one ERROR line carries the reason.
+            // Not a line of its own: the request's one ERROR line carries the reason. As a log
+            // record it carries the store call's ids, or the guest span's beyond the span quota.
+            let in_span = if span.has_active_span() {
+                &span
+            } else {
+                parent
+            };
+            let _current = log_records_exported().then(|| in_span.clone().attach());
             tracing::debug!(operation = call.label(), reason, "user store call failed");
             if let Some(fault) = &self.host_fault {
                 fault.record(|| format!("user store call {} failed: {reason}", call.label()));
@@ -181,6 +188,10 @@ impl UserCalls {
             return Context::new();
         }
         self.spans_left -= 1;
+        // Nothing to build when no span is exported (the request's is then empty).
+        if !parent.has_active_span() {
+            return Context::new();
+        }
         let target = self.store.span_target();
         let mut attributes = vec![
             KeyValue::new("db.system.name", target.system),

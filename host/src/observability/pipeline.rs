@@ -12,7 +12,6 @@
 
 use std::io::Write;
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -28,7 +27,7 @@ use opentelemetry_sdk::propagation::TraceContextPropagator;
 use opentelemetry_sdk::runtime::Tokio;
 use opentelemetry_sdk::trace::span_processor_with_async_runtime::BatchSpanProcessor;
 use opentelemetry_sdk::trace::{
-    BatchConfigBuilder, SdkTracer, SdkTracerProvider, Span, SpanData, SpanProcessor,
+    BatchConfigBuilder, SdkTracerProvider, Span, SpanData, SpanProcessor,
 };
 use tracing_subscriber::Layer;
 use tracing_subscriber::filter::{EnvFilter, FilterExt, filter_fn};
@@ -40,6 +39,7 @@ use crate::observability::log_writer::{self, LogWriterGuard, MAX_PENDING_BYTES};
 use crate::observability::logs::{JsonLines, JsonMembers};
 use crate::observability::metrics::Metrics;
 use crate::observability::otlp::{self, Reported};
+use crate::observability::request_span;
 use crate::observability::settings::{DEFAULT_LOG_FILTER, SpanExport, TelemetrySettings};
 
 /// How long the exit waits for the last spans, metrics and log records to leave, in all.
@@ -59,25 +59,6 @@ const EXPORTER_TARGETS: [&str; 6] = ["opentelemetry", "hyper", "h2", "tonic", "t
 /// The span exporter's processor, which the guests' `wasi:otel` spans are handed to as they
 /// come (already ended, with the guest's own ids): set once, when spans are exported.
 static GUEST_SPANS: OnceLock<Arc<dyn SpanProcessor>> = OnceLock::new();
-
-/// The host's tracer, which starts every request's server span and the host's spans inside it
-/// (`observability::request_span`): set once, when spans are exported.
-static HOST_SPANS: OnceLock<SdkTracer> = OnceLock::new();
-
-/// Whether log lines also go out as OTLP log records, whose trace and span ids are read from
-/// the OpenTelemetry context current when the line is written.
-static LOG_RECORDS_EXPORTED: AtomicBool = AtomicBool::new(false);
-
-/// The tracer of the host's own spans; `None` when spans are not exported.
-pub fn host_tracer() -> Option<&'static SdkTracer> {
-    HOST_SPANS.get()
-}
-
-/// Whether log lines are exported as OTLP log records: only then must a request's
-/// OpenTelemetry context be made current while its lines are written.
-pub fn log_records_exported() -> bool {
-    LOG_RECORDS_EXPORTED.load(Ordering::Relaxed)
-}
 
 /// Exports a span a guest ended through `wasi:otel`, beside the host's own, through the same
 /// bounded queue; dropped when no spans are exported.
@@ -217,10 +198,10 @@ pub fn init(settings: &TelemetrySettings) -> Telemetry {
         .map_err(|error| problems.push(("spans", error)))
         .ok()
         .flatten();
-    if let Some(provider) = &tracer {
-        let _ = HOST_SPANS.set(provider.tracer(HOST_TRACER));
-    }
-    LOG_RECORDS_EXPORTED.store(logger.is_some(), Ordering::Relaxed);
+    request_span::install(
+        tracer.as_ref().map(|provider| provider.tracer(HOST_TRACER)),
+        logger.is_some(),
+    );
     let log_records = logger.as_ref().map(|provider| {
         // With a hint that passes the log filter's on: without one, the subscriber's maximum
         // level (and the `log` crate's, cranelift's) would become TRACE.

@@ -8,6 +8,8 @@
 //! to where it is read, and no bridge between the two runs at every enter, exit and record.
 
 use std::borrow::Cow;
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use http::{HeaderMap, Method, Uri};
 use opentelemetry::context::FutureExt as _;
@@ -16,11 +18,9 @@ use opentelemetry::trace::{
     SpanContext, SpanId, SpanKind, Status, TraceContextExt, TraceId, Tracer,
 };
 use opentelemetry::{Context, KeyValue};
-use opentelemetry_sdk::trace::{IdGenerator, RandomIdGenerator};
+use opentelemetry_sdk::trace::{IdGenerator, RandomIdGenerator, SdkTracer};
 use tracing::Instrument;
 use tracing::field::Empty;
-
-use crate::observability::pipeline;
 
 /// Longest `url.path` (and `url.query`) recorded on a span: a span must fit in one UDP packet
 /// to the agent.
@@ -41,6 +41,29 @@ const STANDARD_METHODS: &[Method] = &[
 ];
 /// `http.request.method` of a request whose method is not a standard one.
 pub const OTHER_METHOD: &str = "_OTHER";
+
+/// The host's tracer, which starts every request's server span and the host's spans inside it:
+/// given once at start-up, when spans are exported.
+static TRACER: OnceLock<SdkTracer> = OnceLock::new();
+
+/// Whether log lines also go out as OTLP log records, whose trace and span ids are read from
+/// the OpenTelemetry context current when the line is written.
+static LOG_RECORDS_EXPORTED: AtomicBool = AtomicBool::new(false);
+
+/// Sets where the host's spans go (`None`: spans are not exported) and whether log lines also
+/// go out as log records; at start-up, by the telemetry pipeline.
+pub fn install(tracer: Option<SdkTracer>, log_records_exported: bool) {
+    if let Some(tracer) = tracer {
+        let _ = TRACER.set(tracer);
+    }
+    LOG_RECORDS_EXPORTED.store(log_records_exported, Ordering::Relaxed);
+}
+
+/// Whether log lines are exported as OTLP log records: only then must a request's
+/// OpenTelemetry context be made current while its lines are written.
+pub fn log_records_exported() -> bool {
+    LOG_RECORDS_EXPORTED.load(Ordering::Relaxed)
+}
 
 /// The method's name when it is one of the nine standard ones; clients choose methods, so only
 /// these may become span names or label values.
@@ -77,7 +100,7 @@ impl RequestSpan {
         let caller = opentelemetry::global::get_text_map_propagator(|propagator| {
             propagator.extract(&HeaderExtractor(headers))
         });
-        let exported = match pipeline::host_tracer() {
+        let exported = match TRACER.get() {
             Some(tracer) => {
                 let mut attributes = Vec::with_capacity(12);
                 attributes.push(KeyValue::new("http.request.method", method_name));
@@ -146,20 +169,25 @@ impl RequestSpan {
     /// Records the route the guest named first: in the log lines from now on, and on the span.
     pub fn record_route(&self, route: &str) {
         self.log.record("http.route", route);
-        self.set_attributes(vec![KeyValue::new("http.route", route.to_string())]);
+        if self.is_recording() {
+            let route = KeyValue::new("http.route", route.to_string());
+            self.exported.span().set_attribute(route);
+        }
     }
 
     /// Records which guest answers the request (guests change with a swap).
     pub fn record_guest_version(&self, version: &str) {
         self.log.record("guest.version", version);
-        self.set_attributes(vec![KeyValue::new("guest.version", version.to_string())]);
+        if self.is_recording() {
+            let version = KeyValue::new("guest.version", version.to_string());
+            self.exported.span().set_attribute(version);
+        }
     }
 
-    /// Sets attributes on the exported span alone: what the log lines have no use for.
+    /// Sets attributes on the exported span alone: what the log lines have no use for. Callers
+    /// check [`RequestSpan::is_recording`] before they make them.
     pub fn set_attributes(&self, attributes: Vec<KeyValue>) {
-        if self.is_recording() {
-            self.exported.span().set_attributes(attributes);
-        }
+        self.exported.span().set_attributes(attributes);
     }
 
     /// Records the answer: its route in the span's name (`HTTP <METHOD> <route>`) and, unless
@@ -199,14 +227,14 @@ impl RequestSpan {
     /// Runs `f` inside the request, its OTLP log records carrying the ids of `span`: the
     /// request's span or one inside it.
     pub fn in_span<R>(&self, span: &Context, f: impl FnOnce() -> R) -> R {
-        let _current = pipeline::log_records_exported().then(|| span.clone().attach());
+        let _current = log_records_exported().then(|| span.clone().attach());
         self.log.in_scope(f)
     }
 
     /// `future`, inside the request at each poll, as [`RequestSpan::in_scope`].
     pub async fn instrument<F: Future>(&self, future: F) -> F::Output {
         let future = future.instrument(self.log.clone());
-        if pipeline::log_records_exported() {
+        if log_records_exported() {
             future.with_context(self.exported.clone()).await
         } else {
             future.await
@@ -222,7 +250,7 @@ pub fn start_child(
     kind: SpanKind,
     attributes: Vec<KeyValue>,
 ) -> Context {
-    match pipeline::host_tracer() {
+    match TRACER.get() {
         Some(tracer) if parent.has_active_span() => {
             let span = tracer
                 .span_builder(name)

@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
+use opentelemetry::context::FutureExt as _;
 use tokio::sync::oneshot;
 use tracing::Instrument;
 use wasmtime::{Store, UpdateDeadline};
@@ -14,6 +15,7 @@ use wasmtime_wasi_http::p2::bindings::http::types::Scheme;
 use crate::error::{RequestError, one_line};
 use crate::interfaces::bindings::ServicePre;
 use crate::observability::cost::{RequestCost, timed};
+use crate::observability::request_span::log_records_exported;
 use crate::observability::routes::RouteTemplates;
 use crate::runtime::capacity::{GuestCapacity, GuestLimits};
 use crate::runtime::guest_body::GuestBody;
@@ -62,8 +64,8 @@ impl Guest {
     ///
     /// The instance runs in its own task: once it has sent the response head it keeps going,
     /// streaming the body, while the caller returns the response to hyper.
-    /// The instance's task runs inside the caller's current span, so the guest's own spans and
-    /// logs nest under the request's.
+    /// The instance's task runs inside the caller's current span (and OpenTelemetry context,
+    /// when log records are exported), so the lines written in it carry the request's fields.
     pub async fn handle<B>(
         &self,
         context: RequestContext,
@@ -111,33 +113,40 @@ impl Guest {
         // cannot be interrupted by epochs: this is the backstop, for the whole exchange.
         let backstop = self.limits.request_timeout + Duration::from_secs(1);
         let instance_permit = Arc::clone(&permit);
-        let task = tokio::spawn(
-            async move {
-                // Locals drop in reverse order: the store (its memory regions and stack back in
-                // their pools) before the permit, so a request that gets the permit always finds
-                // what it needs in the pools; the cost is reported last, whatever ended the task.
-                let _cost_report = cost_report;
-                let _permit = instance_permit;
-                let mut store = store;
-                let exchange = async {
-                    let started = Instant::now();
-                    let service = pre.instantiate_async(&mut store).await?;
-                    let took = started.elapsed();
-                    cost.instantiated(took);
-                    if let Some(metrics) = metrics {
-                        metrics.observe_instantiation(took);
-                    }
-                    service
-                        .wasi_http_incoming_handler()
-                        .call_handle(&mut store, request, response_out)
-                        .await
-                };
-                tokio::time::timeout(backstop, timed(exchange, &cost))
+        let instance = async move {
+            // Locals drop in reverse order: the store (its memory regions and stack back in
+            // their pools) before the permit, so a request that gets the permit always finds
+            // what it needs in the pools; the cost is reported last, whatever ended the task.
+            let _cost_report = cost_report;
+            let _permit = instance_permit;
+            let mut store = store;
+            let exchange = async {
+                let started = Instant::now();
+                let service = pre.instantiate_async(&mut store).await?;
+                let took = started.elapsed();
+                cost.instantiated(took);
+                if let Some(metrics) = metrics {
+                    metrics.observe_instantiation(took);
+                }
+                service
+                    .wasi_http_incoming_handler()
+                    .call_handle(&mut store, request, response_out)
                     .await
-                    .unwrap_or_else(|_| Err(DeadlineExceeded.into()))
+            };
+            tokio::time::timeout(backstop, timed(exchange, &cost))
+                .await
+                .unwrap_or_else(|_| Err(DeadlineExceeded.into()))
+        }
+        .in_current_span();
+        // Lines written in the task (by wasmtime-wasi-http, the store's drivers) go out as log
+        // records with the request's ids: its OpenTelemetry context is the current one here.
+        let exported = log_records_exported().then(opentelemetry::Context::current);
+        let task = tokio::spawn(async move {
+            match exported {
+                Some(context) => instance.with_context(context).await,
+                None => instance.await,
             }
-            .in_current_span(),
-        );
+        });
         let Ok(answer) = tokio::time::timeout(backstop, receiver).await else {
             task.abort();
             return Err(RequestError::Timeout);

@@ -1,9 +1,10 @@
 //! A guest's response body that ends only when the guest's task has ended well.
 
 use bytes::Bytes;
+use opentelemetry::trace::TraceContextExt;
 
 use crate::error::one_line;
-use crate::observability::pipeline::log_records_exported;
+use crate::observability::request_span::log_records_exported;
 use wasmtime_wasi_http::p2::body::HyperOutgoingBody;
 
 /// A guest's response body that ends only when the guest's task has ended well.
@@ -17,7 +18,7 @@ pub struct GuestBody {
     task: Option<tokio::task::JoinHandle<wasmtime::Result<()>>>,
     /// The request's span, for the log line of a failure.
     span: tracing::Span,
-    /// The request's OpenTelemetry context, when that line also goes out as a log record.
+    /// The request's span ids, when that line also goes out as a log record.
     exported: Option<opentelemetry::Context>,
 }
 
@@ -30,9 +31,16 @@ impl GuestBody {
             inner,
             task: Some(task),
             span: tracing::Span::current(),
-            exported: log_records_exported().then(opentelemetry::Context::current),
+            exported: log_records_exported().then(request_ids),
         }
     }
+}
+
+/// The ids of the current span alone: a clone of the context itself would keep the request's
+/// span from ending until hyper drops the body.
+fn request_ids() -> opentelemetry::Context {
+    let ids = opentelemetry::Context::map_current(|current| current.span().span_context().clone());
+    opentelemetry::Context::new().with_remote_span_context(ids)
 }
 
 impl http_body::Body for GuestBody {
