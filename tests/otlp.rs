@@ -705,6 +705,15 @@ async fn log_records_carry_the_ids_of_their_request(protocol: Protocol) {
     );
     assert!(!record.attributes.is_empty(), "{record:#?}");
     assert_eq!(record.resource["service.name"], "tutorial-service");
+    // The host's own line of the request is a record of its server span.
+    let is_refusal = |log: &support::otlp::ReceivedLog| log.body == "request refused";
+    let logs = collector.wait_for_logs(|logs| logs.iter().any(is_refusal));
+    let refusal = logs.iter().find(|log| is_refusal(log)).unwrap();
+    assert_eq!(
+        (refusal.trace_id.as_str(), refusal.span_id.as_str()),
+        (server.trace_id.as_str(), server.span_id.as_str()),
+        "{refusal:#?}"
+    );
     // The host's own lines outside a request go too, without ids.
     let listening = logs
         .iter()
