@@ -22,7 +22,7 @@ use crate::observability::metrics::{DroppedGuestTelemetry, Metrics};
 use crate::observability::request_span::{self, RequestSpan};
 use crate::observability::routes::{self, Label, MatchedRoute, RouteTemplates};
 
-/// The `target` of every log event and span the guest reports.
+/// The `target` of every log event the guest reports.
 pub const GUEST_TARGET: &str = "guest";
 
 /// What one request's guest may report: beyond it, spans, attributes and log events are
