@@ -21,7 +21,7 @@ use crate::interfaces::bindings::users::{CreateError, StoreError, User};
 use crate::interfaces::lift::{self, InGuest};
 use crate::observability::cost::{HostCalls, HostInterface};
 use crate::observability::metrics::{LookupResult, Metrics};
-use crate::observability::request_span::{self, log_records_exported};
+use crate::observability::request_span;
 use crate::user_store::{self, Unavailable, UserStore};
 
 /// The longest `name` and `email` the host stores, in bytes: the guest's own limits (200 and 254
@@ -172,7 +172,7 @@ impl UserCalls {
             } else {
                 parent
             };
-            let _current = log_records_exported().then(|| in_span.clone().attach());
+            let _current = request_span::attach_for_log_records(in_span);
             tracing::debug!(operation = call.label(), reason, "user store call failed");
             if let Some(fault) = &self.host_fault {
                 fault.record(|| format!("user store call {} failed: {reason}", call.label()));

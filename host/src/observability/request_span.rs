@@ -17,7 +17,7 @@ use opentelemetry::propagation::Extractor;
 use opentelemetry::trace::{
     SpanContext, SpanId, SpanKind, Status, TraceContextExt, TraceId, Tracer,
 };
-use opentelemetry::{Context, KeyValue};
+use opentelemetry::{Context, ContextGuard, KeyValue};
 use opentelemetry_sdk::trace::{IdGenerator, RandomIdGenerator, SdkTracer};
 use tracing::Instrument;
 use tracing::field::Empty;
@@ -227,17 +227,36 @@ impl RequestSpan {
     /// Runs `f` inside the request, its OTLP log records carrying the ids of `span`: the
     /// request's span or one inside it.
     pub fn in_span<R>(&self, span: &Context, f: impl FnOnce() -> R) -> R {
-        let _current = log_records_exported().then(|| span.clone().attach());
+        let _current = attach_for_log_records(span);
         self.log.in_scope(f)
     }
 
     /// `future`, inside the request at each poll, as [`RequestSpan::in_scope`].
     pub async fn instrument<F: Future>(&self, future: F) -> F::Output {
-        let future = future.instrument(self.log.clone());
-        if log_records_exported() {
-            future.with_context(self.exported.clone()).await
-        } else {
-            future.await
+        in_log_context(future.instrument(self.log.clone()), || {
+            self.exported.clone()
+        })
+        .await
+    }
+}
+
+/// Makes `context` the current one, when log records are exported (they read their ids from
+/// it), until the guard is dropped.
+pub fn attach_for_log_records(context: &Context) -> Option<ContextGuard> {
+    log_records_exported().then(|| context.clone().attach())
+}
+
+/// `future`, with the context `context` makes now current at each of its polls, when log
+/// records are exported; `context` is called here (not at the first poll), and only then.
+pub fn in_log_context<F: Future>(
+    future: F,
+    context: impl FnOnce() -> Context,
+) -> impl Future<Output = F::Output> {
+    let context = log_records_exported().then(context);
+    async move {
+        match context {
+            Some(context) => future.with_context(context).await,
+            None => future.await,
         }
     }
 }

@@ -5,7 +5,6 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use opentelemetry::context::FutureExt as _;
 use tokio::sync::oneshot;
 use tracing::Instrument;
 use wasmtime::{Store, UpdateDeadline};
@@ -15,7 +14,7 @@ use wasmtime_wasi_http::p2::bindings::http::types::Scheme;
 use crate::error::{RequestError, one_line};
 use crate::interfaces::bindings::ServicePre;
 use crate::observability::cost::{RequestCost, timed};
-use crate::observability::request_span::log_records_exported;
+use crate::observability::request_span::in_log_context;
 use crate::observability::routes::RouteTemplates;
 use crate::runtime::capacity::{GuestCapacity, GuestLimits};
 use crate::runtime::guest_body::GuestBody;
@@ -140,13 +139,7 @@ impl Guest {
         .in_current_span();
         // Lines written in the task (by wasmtime-wasi-http, the store's drivers) go out as log
         // records with the request's ids: its OpenTelemetry context is the current one here.
-        let exported = log_records_exported().then(opentelemetry::Context::current);
-        let task = tokio::spawn(async move {
-            match exported {
-                Some(context) => instance.with_context(context).await,
-                None => instance.await,
-            }
-        });
+        let task = tokio::spawn(in_log_context(instance, opentelemetry::Context::current));
         let Ok(answer) = tokio::time::timeout(backstop, receiver).await else {
             task.abort();
             return Err(RequestError::Timeout);
