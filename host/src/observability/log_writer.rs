@@ -3,9 +3,11 @@
 //!
 //! Why not a `tracing_appender::non_blocking` writer per output: each line then goes through a
 //! channel to a thread that wakes for it and writes it with a system call of its own; under
-//! load that was two wake-ups and two writes for each request's line. Here the first line into
-//! an empty buffer wakes the output's thread, which lets the burst gather for [`LINGER`] and
-//! then writes all of it at once. An output that stalls (a pipe nobody reads, a disk that hangs)
+//! load that was two wake-ups and two writes for each request's line. Here an output's thread
+//! writes what gathered, sleeps [`LINGER`], and writes again; it parks only when a linger brought
+//! nothing, and only then does a line wake it. Under load no line wakes a thread: a wake-up is a
+//! system call on the request's path, and on a busy machine the woken thread takes the core the
+//! request was running on. An output that stalls (a pipe nobody reads, a disk that hangs)
 //! holds up only its own thread, loses only its own lines past [`MAX_PENDING_BYTES`], and
 //! delays the exit by at most [`EXIT_DEADLINE`].
 
@@ -23,8 +25,8 @@ use tracing_subscriber::fmt::MakeWriter;
 /// thread is stuck writing.
 pub const MAX_PENDING_BYTES: usize = 16 << 20;
 
-/// How long an output's thread lets lines gather once the first of a batch came: the most a
-/// line waits to be written, beside the write itself.
+/// How long an output's thread lets lines gather before it writes them, between two batches and
+/// once woken: the most a line waits to be written, beside the write itself.
 pub const LINGER: Duration = Duration::from_millis(2);
 
 /// How long the exit waits for the outputs to write what is pending; an output still stuck
@@ -55,17 +57,21 @@ pub struct LogWriterGuard {
 struct Output {
     name: &'static str,
     pending: Mutex<Pending>,
-    /// Signalled when a line lands in an empty buffer, and at close.
+    /// Signalled when a line comes while the thread is parked, and at close.
     ready: Condvar,
     max_pending: usize,
     /// Lines dropped since the output's thread started.
     dropped_total: AtomicU64,
+    /// Times a line woke the parked thread.
+    wake_ups: AtomicU64,
 }
 
 struct Pending {
     lines: Vec<u8>,
     /// Lines dropped since the thread last said so.
     dropped: u64,
+    /// The thread waits on `ready`: the next line must wake it.
+    parked: bool,
     closing: bool,
 }
 
@@ -82,11 +88,13 @@ pub fn start(
             pending: Mutex::new(Pending {
                 lines: Vec::new(),
                 dropped: 0,
+                parked: false,
                 closing: false,
             }),
             ready: Condvar::new(),
             max_pending,
             dropped_total: AtomicU64::new(0),
+            wake_ups: AtomicU64::new(0),
         });
         std::thread::Builder::new()
             .name(format!("log-{name}"))
@@ -163,17 +171,19 @@ impl Output {
             let additional = capacity - pending.lines.len();
             pending.lines.reserve_exact(additional);
         }
-        let first = pending.lines.is_empty();
         pending.lines.extend_from_slice(line);
+        let wake = std::mem::take(&mut pending.parked);
         drop(pending);
-        if first {
+        if wake {
+            self.wake_ups.fetch_add(1, Ordering::Relaxed);
             self.ready.notify_one();
         }
     }
 }
 
-/// An output's thread: waits for a first line, lets more gather, writes them all, until the
-/// guard closes the buffer; then writes what is pending once more and ends.
+/// An output's thread: writes what gathered, lingers, and writes again; parks when a linger
+/// brought nothing, and lingers once woken, so a burst is written at once. Once the guard
+/// closes the buffer it writes what is pending once more and ends.
 fn write_batches(output: &Output, mut target: Box<dyn Write + Send>) {
     let mut batch = Vec::new();
     // Whether the last write failed, maybe halfway through a line: the next batch then starts
@@ -181,16 +191,20 @@ fn write_batches(output: &Output, mut target: Box<dyn Write + Send>) {
     let mut cut = false;
     loop {
         let mut pending = output.lock();
-        while pending.lines.is_empty() && !pending.closing {
-            pending = output
-                .ready
-                .wait(pending)
-                .unwrap_or_else(PoisonError::into_inner);
-        }
-        if !pending.closing {
-            drop(pending);
-            std::thread::sleep(LINGER);
-            pending = output.lock();
+        if pending.lines.is_empty() && !pending.closing {
+            while pending.lines.is_empty() && !pending.closing {
+                pending.parked = true;
+                pending = output
+                    .ready
+                    .wait(pending)
+                    .unwrap_or_else(PoisonError::into_inner);
+            }
+            pending.parked = false;
+            if !pending.closing {
+                drop(pending);
+                std::thread::sleep(LINGER);
+                pending = output.lock();
+            }
         }
         std::mem::swap(&mut pending.lines, &mut batch);
         let dropped = std::mem::take(&mut pending.dropped);
@@ -219,6 +233,8 @@ fn write_batches(output: &Output, mut target: Box<dyn Write + Send>) {
         if closing {
             break;
         }
+        // What comes meanwhile waits for the next batch, and wakes nobody.
+        std::thread::sleep(LINGER);
     }
 }
 
@@ -338,6 +354,39 @@ mod tests {
         let writes = to_stdout.writes.load(Ordering::Relaxed);
         assert!(writes < 1000, "2,000 lines in {writes} writes");
         assert_eq!(dropped_lines(&writer), 0);
+    }
+
+    #[test]
+    fn a_steady_stream_of_lines_wakes_the_output_only_when_it_had_parked() {
+        let (file, to_file) = recorder(None);
+        let (writer, guard) = start(vec![("file", file)], 1 << 20).unwrap();
+        // A line every 100 us for 300 ms: each linger of the thread finds lines waiting.
+        let lines = 3000;
+        for n in 0..lines {
+            (&writer)
+                .write_all(format!("{{\"n\":{n}}}\n").as_bytes())
+                .unwrap();
+            std::thread::sleep(Duration::from_micros(100));
+        }
+        drop(guard);
+        let batches = to_file.writes.load(Ordering::Relaxed);
+        let wake_ups = writer.outputs[0].wake_ups.load(Ordering::Relaxed);
+        assert_eq!(
+            to_file
+                .written
+                .lock()
+                .unwrap()
+                .iter()
+                .filter(|b| **b == b'\n')
+                .count(),
+            lines
+        );
+        // Waking on the first line of every batch made one wake-up per batch; only a stall of
+        // this test's thread longer than a linger lets the output park now.
+        assert!(
+            wake_ups * 4 <= batches,
+            "{wake_ups} wake-ups for {batches} batches"
+        );
     }
 
     #[test]

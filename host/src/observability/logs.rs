@@ -1,6 +1,7 @@
 //! JSON log lines: one object per event with `timestamp`, `level` (upper case), `message`,
-//! `target`, the fields of every span the event happened in (so, inside a request, its
-//! `request_id`, `trace_id`, `span_id`, method, route and status), and the event's own fields.
+//! `target`, inside a request its fields (`request_id`, `trace_id`, `span_id`, method, route,
+//! status: [`request_fields`]), the fields of every span the event happened in, and the event's
+//! own fields.
 //!
 //! A line is written straight from JSON text: each span keeps its fields rendered once, as they
 //! are recorded ([`JsonMembers`]), and the line copies them, so nothing is parsed back or built
@@ -21,6 +22,8 @@ use tracing_subscriber::fmt::format::Writer;
 use tracing_subscriber::fmt::time::{FormatTime, SystemTime};
 use tracing_subscriber::fmt::{FmtContext, FormatEvent, FormatFields, FormattedFields};
 use tracing_subscriber::registry::LookupSpan;
+
+use crate::observability::request_fields::{self, REQUEST_FIELD_NAMES};
 
 /// The event field that carries a guest's log attributes, as one JSON object: the guest names its
 /// fields at run time, and `tracing` field names are fixed at compile time. Its keys are merged
@@ -145,6 +148,8 @@ where
     ) -> fmt::Result {
         // The members of the line borrow the spans' stored text and the guest's fields: the
         // spans, the guards of their extensions and that text live until the line is written.
+        let request = request_fields::current();
+        let request_members = request.as_ref().map(|request| request.members());
         let spans: Vec<_> = ctx
             .event_scope()
             .map(|scope| scope.from_root().collect())
@@ -153,6 +158,9 @@ where
         let mut line = Line::default();
         line.set("timestamp", rfc3339_micros(std::time::SystemTime::now()));
         line.set("level", level_json(event.metadata().level()));
+        for (name, value) in request_members.iter().flat_map(|members| members.iter()) {
+            line.set(*name, value.as_str());
+        }
         for fields in extensions
             .iter()
             .filter_map(|extensions| extensions.get::<FormattedFields<N>>())
@@ -179,6 +187,7 @@ where
         if let Some(text) = &guest_fields {
             let declared = |key: &str| {
                 event.metadata().fields().field(key).is_some()
+                    || (request.is_some() && REQUEST_FIELD_NAMES.contains(&key))
                     || spans.iter().any(|span| span.fields().field(key).is_some())
             };
             line.add_guest_fields(text, declared);
@@ -401,6 +410,7 @@ mod tests {
     use tracing_subscriber::layer::SubscriberExt;
 
     use super::*;
+    use crate::observability::request_fields::RequestFields;
 
     /// An `io::Write` into a buffer the test reads afterwards.
     #[derive(Clone, Default)]
@@ -596,6 +606,47 @@ mod tests {
         assert_eq!(line["version"], "1");
         assert_eq!(line["guest.version"], "2");
         assert_eq!(line["guest.guest.version"], "3");
+    }
+
+    #[test]
+    fn a_line_written_serving_a_request_carries_its_fields_with_the_latest_value_of_each() {
+        let request = RequestFields::new();
+        request.record_str("request_id", "id-1");
+        request.record_str("url.path", "/a\"b\nc");
+        request.record_i64("http.response.status_code", 200);
+        request.record_i64("http.response.status_code", 503);
+        let lines = lines_logged_by(|| {
+            request_fields::in_request(&request, || tracing::warn!(detail = "late", "failed"));
+            tracing::info!("after the request");
+        });
+        let line = &lines[0];
+        assert_eq!(line["request_id"], "id-1");
+        assert_eq!(line["url.path"], "/a\"b\nc");
+        assert_eq!(line["http.response.status_code"], 503);
+        assert_eq!(line["detail"], "late");
+        assert!(!lines[1].contains_key("request_id"), "{:?}", lines[1]);
+    }
+
+    #[test]
+    fn a_guest_may_not_write_a_request_field_even_one_not_recorded_yet() {
+        let request = RequestFields::new();
+        request.record_str("request_id", "id-1");
+        let lines = lines_logged_by(|| {
+            let fields = guest_fields([
+                ("request_id".to_string(), Value::from("forged")),
+                ("http.route".to_string(), Value::from("/forged")),
+                ("user".to_string(), Value::from("ada")),
+            ]);
+            request_fields::in_request(&request, || {
+                tracing::info!(guest_fields = %fields, "from the guest");
+            });
+        });
+        let line = &lines[0];
+        assert_eq!(line["request_id"], "id-1");
+        assert_eq!(line["guest.request_id"], "forged");
+        assert!(!line.contains_key("http.route"), "{line:?}");
+        assert_eq!(line["guest.http.route"], "/forged");
+        assert_eq!(line["user"], "ada");
     }
 
     #[test]

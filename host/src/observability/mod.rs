@@ -6,6 +6,8 @@
 //! - [`settings`]: the log and export settings, the OpenTelemetry SDK's variables among them;
 //! - [`request_span`]: each request's server span and what its answer records on it, and the
 //!   host's spans inside it, built on the OpenTelemetry SDK;
+//! - [`request_fields`]: the fields every log line of a request carries, and which request a
+//!   thread serves;
 //! - [`logs`]: the JSON log line format;
 //! - [`log_writer`]: the lines' way to stdout and the log file, batched by one thread;
 //! - [`metrics`]: every instrument, and the `/metrics` page;
@@ -20,6 +22,7 @@ pub mod logs;
 pub mod metrics;
 pub mod otlp;
 pub mod pipeline;
+pub mod request_fields;
 pub mod request_span;
 pub mod routes;
 pub mod settings;

@@ -3,13 +3,13 @@
 //! it.
 //!
 //! A request span is two things kept side by side: the OpenTelemetry span that is exported,
-//! built and ended on the SDK directly, and a `tracing` span that carries the fields its log
-//! lines repeat (`request_id`, the ids, method, path, route, status). Each field is written once
-//! to where it is read, and no bridge between the two runs at every enter, exit and record.
+//! built and ended on the SDK directly, and the fields its log lines repeat (`request_id`, the
+//! ids, method, path, route, status: [`RequestFields`]). Each field is written once to where it
+//! is read, and nothing runs between the two at every poll.
 
 use std::borrow::Cow;
-use std::sync::OnceLock;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
 
 use http::{HeaderMap, Method, Uri};
 use opentelemetry::context::FutureExt as _;
@@ -19,8 +19,8 @@ use opentelemetry::trace::{
 };
 use opentelemetry::{Context, ContextGuard, KeyValue};
 use opentelemetry_sdk::trace::{IdGenerator, RandomIdGenerator, SdkTracer};
-use tracing::Instrument;
-use tracing::field::Empty;
+
+use crate::observability::request_fields::{self, RequestFields};
 
 /// Longest `url.path` (and `url.query`) recorded on a span: a span must fit in one UDP packet
 /// to the agent.
@@ -74,12 +74,12 @@ pub fn standard_method(method: &Method) -> Option<&'static str> {
         .map(Method::as_str)
 }
 
-/// The server span of one request: the exported span, and the `tracing` span of its log lines.
+/// The server span of one request: the exported span, and the fields of its log lines.
 /// Clones share both; the exported span ends when the last clone is dropped.
 #[derive(Clone)]
 pub struct RequestSpan {
-    /// The fields every log line of the request carries.
-    log: tracing::Span,
+    /// The fields every log line of the request carries; none for the host's own requests.
+    log: Option<Arc<RequestFields>>,
     /// The exported span, in a context its children start under; an empty context when spans
     /// are not exported or the request is the host's own.
     exported: Context,
@@ -126,26 +126,26 @@ impl RequestSpan {
         };
         let caller_trace = caller.span().span_context().trace_id();
         let (trace_id, span_id) = log_ids(exported.span().span_context(), caller_trace);
-        let log = tracing::info_span!(
-            "request",
-            http.request.method = method_name,
-            http.request.method_original = method_original,
-            http.route = Empty,
-            url.path = path,
-            http.response.status_code = Empty,
-            guest.version = Empty,
-            request_id,
-            trace_id = %trace_id,
-            span_id = %span_id,
-        );
-        RequestSpan { log, exported }
+        let log = RequestFields::new();
+        log.record_str("http.request.method", method_name);
+        if let Some(original) = method_original {
+            log.record_str("http.request.method_original", original);
+        }
+        log.record_str("url.path", path);
+        log.record_str("request_id", request_id);
+        log.record_str("trace_id", &trace_id.to_string());
+        log.record_str("span_id", &span_id.to_string());
+        RequestSpan {
+            log: Some(log),
+            exported,
+        }
     }
 
     /// The span of a request the host sends itself, or of a test: nothing is exported or
     /// logged under it.
     pub fn none() -> RequestSpan {
         RequestSpan {
-            log: tracing::Span::none(),
+            log: None,
             exported: Context::new(),
         }
     }
@@ -168,7 +168,7 @@ impl RequestSpan {
 
     /// Records the route the guest named first: in the log lines from now on, and on the span.
     pub fn record_route(&self, route: &str) {
-        self.log.record("http.route", route);
+        self.record_log_str("http.route", route);
         if self.is_recording() {
             let route = KeyValue::new("http.route", route.to_string());
             self.exported.span().set_attribute(route);
@@ -177,7 +177,7 @@ impl RequestSpan {
 
     /// Records which guest answers the request (guests change with a swap).
     pub fn record_guest_version(&self, version: &str) {
-        self.log.record("guest.version", version);
+        self.record_log_str("guest.version", version);
         if self.is_recording() {
             let version = KeyValue::new("guest.version", version.to_string());
             self.exported.span().set_attribute(version);
@@ -194,10 +194,11 @@ impl RequestSpan {
     /// the span already carries it, in `http.route`; its status; a 5xx marks the span an error.
     pub fn record_answer(&self, method: &Method, route: &str, record_route: bool, status: u16) {
         if record_route {
-            self.log.record("http.route", route);
+            self.record_log_str("http.route", route);
         }
-        self.log
-            .record("http.response.status_code", i64::from(status));
+        if let Some(log) = &self.log {
+            log.record_i64("http.response.status_code", i64::from(status));
+        }
         if !self.is_recording() {
             return;
         }
@@ -228,15 +229,22 @@ impl RequestSpan {
     /// request's span or one inside it.
     pub fn in_span<R>(&self, span: &Context, f: impl FnOnce() -> R) -> R {
         let _current = attach_for_log_records(span);
-        self.log.in_scope(f)
+        match &self.log {
+            Some(log) => request_fields::in_request(log, f),
+            None => f(),
+        }
     }
 
     /// `future`, inside the request at each poll, as [`RequestSpan::in_scope`].
     pub async fn instrument<F: Future>(&self, future: F) -> F::Output {
-        in_log_context(future.instrument(self.log.clone()), || {
-            self.exported.clone()
-        })
-        .await
+        let future = in_log_context(future, || self.exported.clone());
+        request_fields::scoped(self.log.clone(), future).await
+    }
+
+    fn record_log_str(&self, name: &'static str, value: &str) {
+        if let Some(log) = &self.log {
+            log.record_str(name, value);
+        }
     }
 }
 

@@ -6,7 +6,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use tokio::sync::oneshot;
-use tracing::Instrument;
 use wasmtime::{Store, UpdateDeadline};
 use wasmtime_wasi_http::WasiHttpView;
 use wasmtime_wasi_http::p2::bindings::http::types::Scheme;
@@ -14,6 +13,7 @@ use wasmtime_wasi_http::p2::bindings::http::types::Scheme;
 use crate::error::{RequestError, one_line};
 use crate::interfaces::bindings::ServicePre;
 use crate::observability::cost::{RequestCost, timed};
+use crate::observability::request_fields::in_current_request;
 use crate::observability::request_span::in_log_context;
 use crate::observability::routes::RouteTemplates;
 use crate::runtime::capacity::{GuestCapacity, GuestLimits};
@@ -63,8 +63,8 @@ impl Guest {
     ///
     /// The instance runs in its own task: once it has sent the response head it keeps going,
     /// streaming the body, while the caller returns the response to hyper.
-    /// The instance's task runs inside the caller's current span (and OpenTelemetry context,
-    /// when log records are exported), so the lines written in it carry the request's fields.
+    /// The instance's task serves the caller's current request (and OpenTelemetry context, when
+    /// log records are exported), so the lines written in it carry the request's fields.
     pub async fn handle<B>(
         &self,
         context: RequestContext,
@@ -135,11 +135,12 @@ impl Guest {
             tokio::time::timeout(backstop, timed(exchange, &cost))
                 .await
                 .unwrap_or_else(|_| Err(DeadlineExceeded.into()))
-        }
-        .in_current_span();
-        // Lines written in the task (by wasmtime-wasi-http, the store's drivers) go out as log
-        // records with the request's ids: its OpenTelemetry context is the current one here.
-        let task = tokio::spawn(in_log_context(instance, opentelemetry::Context::current));
+        };
+        // Lines written in the task (by wasmtime-wasi-http, the store's drivers) carry the
+        // request's fields, and go out as log records with its ids: its OpenTelemetry context
+        // is the current one here.
+        let instance = in_log_context(instance, opentelemetry::Context::current);
+        let task = tokio::spawn(in_current_request(instance));
         let Ok(answer) = tokio::time::timeout(backstop, receiver).await else {
             task.abort();
             return Err(RequestError::Timeout);

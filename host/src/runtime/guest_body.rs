@@ -1,9 +1,12 @@
 //! A guest's response body that ends only when the guest's task has ended well.
 
+use std::sync::Arc;
+
 use bytes::Bytes;
 use opentelemetry::trace::TraceContextExt;
 
 use crate::error::one_line;
+use crate::observability::request_fields::{self, RequestFields};
 use crate::observability::request_span::log_records_exported;
 use wasmtime_wasi_http::p2::body::HyperOutgoingBody;
 
@@ -16,8 +19,8 @@ use wasmtime_wasi_http::p2::body::HyperOutgoingBody;
 pub struct GuestBody {
     inner: HyperOutgoingBody,
     task: Option<tokio::task::JoinHandle<wasmtime::Result<()>>>,
-    /// The request's span, for the log line of a failure.
-    span: tracing::Span,
+    /// The request's log fields, for the line of a failure.
+    request: Option<Arc<RequestFields>>,
     /// The request's span ids, when that line also goes out as a log record.
     exported: Option<opentelemetry::Context>,
 }
@@ -30,7 +33,7 @@ impl GuestBody {
         GuestBody {
             inner,
             task: Some(task),
-            span: tracing::Span::current(),
+            request: request_fields::current(),
             exported: log_records_exported().then(request_ids),
         }
     }
@@ -68,12 +71,16 @@ impl http_body::Body for GuestBody {
             Ok(Err(trap)) => {
                 let error = one_line(&*trap);
                 let _current = self.exported.clone().map(opentelemetry::Context::attach);
-                self.span.in_scope(|| {
+                let line = || {
                     tracing::error!(
                         error,
                         "guest failed while streaming its body; response cut short"
                     );
-                });
+                };
+                match &self.request {
+                    Some(request) => request_fields::in_request(request, line),
+                    None => line(),
+                }
                 Poll::Ready(Some(Err(wasmtime_wasi_http::Error::InternalError(Some(
                     "the guest failed while streaming its body".to_string(),
                 )))))
