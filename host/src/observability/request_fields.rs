@@ -5,7 +5,7 @@
 //! The registry's span, its records, enters, exits and close were about 6 % of the real guest's
 //! request (bench/PROFILE.md, section 15); here a request's fields are one shared list, and
 //! serving a request is one thread-local pointer set around each poll. The JSON line format
-//! ([`crate::observability::logs`]) reads them from there.
+//! (`logs.rs`) reads them from there.
 
 use std::cell::RefCell;
 use std::pin::pin;
