@@ -356,21 +356,35 @@ mod tests {
         assert_eq!(dropped_lines(&writer), 0);
     }
 
+    /// Waits, for 10 s at most, until `done` holds.
+    fn wait_until(what: &str, done: impl Fn() -> bool) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !done() {
+            assert!(Instant::now() < deadline, "waited 10 s for {what}");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
     #[test]
-    fn a_steady_stream_of_lines_wakes_the_output_only_when_it_had_parked() {
-        let (file, to_file) = recorder(None);
+    fn a_line_wakes_the_outputs_thread_only_when_it_has_parked() {
+        let (open_gate, gate) = mpsc::channel();
+        let (file, to_file) = recorder(Some(gate));
         let (writer, guard) = start(vec![("file", file)], 1 << 20).unwrap();
-        // A line every 100 us for 300 ms: each linger of the thread finds lines waiting.
-        let lines = 3000;
-        for n in 0..lines {
+        let output = Arc::clone(&writer.outputs[0]);
+        let wake_ups = || output.wake_ups.load(Ordering::Relaxed);
+        (&writer).write_all(b"{\"n\":0}\n").unwrap();
+        // The thread takes the line and is held in its write: busy, not parked.
+        wait_until("the first batch taken", || output.lock().lines.is_empty());
+        let before = wake_ups();
+        for n in 1..=100 {
             (&writer)
                 .write_all(format!("{{\"n\":{n}}}\n").as_bytes())
                 .unwrap();
-            std::thread::sleep(Duration::from_micros(100));
         }
-        drop(guard);
-        let batches = to_file.writes.load(Ordering::Relaxed);
-        let wake_ups = writer.outputs[0].wake_ups.load(Ordering::Relaxed);
+        assert_eq!(wake_ups(), before, "lines for a busy thread wake nobody");
+        // Released, the thread writes the rest, finds nothing in a linger, and parks.
+        drop(open_gate);
+        wait_until("the thread parked", || output.lock().parked);
         assert_eq!(
             to_file
                 .written
@@ -379,14 +393,18 @@ mod tests {
                 .iter()
                 .filter(|b| **b == b'\n')
                 .count(),
-            lines
+            101
         );
-        // Waking on the first line of every batch made one wake-up per batch; only a stall of
-        // this test's thread longer than a linger lets the output park now.
-        assert!(
-            wake_ups * 4 <= batches,
-            "{wake_ups} wake-ups for {batches} batches"
+        (&writer).write_all(b"{\"n\":101}\n").unwrap();
+        assert_eq!(
+            wake_ups(),
+            before + 1,
+            "a line for a parked thread wakes it"
         );
+        wait_until("the line after the park written", || {
+            to_file.written.lock().unwrap().ends_with(b"{\"n\":101}\n")
+        });
+        drop(guard);
     }
 
     #[test]
@@ -396,9 +414,9 @@ mod tests {
         let (writer, guard) = start(vec![("stalled", stalled)], 1050).unwrap();
         // The first line is taken by the output's thread, which then waits at the gate.
         (&writer).write_all(&[b'a'; 99]).unwrap();
-        while !writer.outputs[0].lock().lines.is_empty() {
-            std::thread::sleep(Duration::from_millis(1));
-        }
+        wait_until("the first line taken", || {
+            writer.outputs[0].lock().lines.is_empty()
+        });
         for _ in 0..30 {
             (&writer).write_all(&[b'b'; 100]).unwrap();
         }
@@ -459,9 +477,7 @@ mod tests {
         };
         let (writer, guard) = start(vec![("file", Box::new(output))], 1 << 20).unwrap();
         (&writer).write_all(b"{\"n\":1}\n").unwrap();
-        while written.lock().unwrap().is_empty() {
-            std::thread::sleep(Duration::from_millis(1));
-        }
+        wait_until("the first write", || !written.lock().unwrap().is_empty());
         (&writer).write_all(b"{\"n\":2}\n").unwrap();
         drop(guard);
         let written = String::from_utf8(written.lock().unwrap().clone()).unwrap();

@@ -174,18 +174,14 @@ pub fn init(settings: &TelemetrySettings) -> Telemetry {
         EnvFilter::try_new(&settings.log_filter)
             .unwrap_or_else(|_| EnvFilter::new(DEFAULT_LOG_FILTER))
     };
-    // Spans stay enabled whatever the level, so a WARN line still carries its request's fields.
-    // The level hints matter: they set the `log` crate's maximum level, and cranelift logs every
-    // compilation step through `log` at debug and trace.
-    let info_spans = || {
-        filter_fn(|metadata| metadata.is_span() && *metadata.level() <= tracing::Level::INFO)
-            .with_max_level_hint(tracing::Level::INFO)
-    };
+    // A request's fields come from `request_fields`, not from a span: spans are filtered by the
+    // level like events. The filter's level hint matters: it sets the `log` crate's maximum
+    // level, and cranelift logs every compilation step through `log` at debug and trace.
     let logs = tracing_subscriber::fmt::layer()
         .event_format(JsonLines)
         .fmt_fields(JsonMembers)
         .with_writer(log_lines.clone())
-        .with_filter(log_level().or(info_spans()));
+        .with_filter(log_level());
 
     opentelemetry::global::set_text_map_propagator(TraceContextPropagator::new());
     let resource = resource(settings);

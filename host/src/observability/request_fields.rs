@@ -8,8 +8,11 @@
 //! (`logs.rs`) reads them from there.
 
 use std::cell::RefCell;
-use std::pin::pin;
+use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::task::{Context, Poll};
+
+use pin_project_lite::pin_project;
 
 /// Every name a request's fields may have: a guest's log field of one of these names is kept
 /// beside it as `guest.<name>`, whether or not the request has recorded it yet.
@@ -25,8 +28,8 @@ pub const REQUEST_FIELD_NAMES: [&str; 9] = [
     "span_id",
 ];
 
-/// A request's log fields, each as its JSON text. Recorded in order: of a name recorded twice,
-/// the later value is the one a line carries.
+/// A request's log fields, each as its JSON text, each name once: of a name recorded twice, the
+/// later value is the one a line carries.
 pub struct RequestFields {
     members: Mutex<Vec<(&'static str, String)>>,
 }
@@ -56,8 +59,14 @@ impl RequestFields {
         self.record(name, value.to_string());
     }
 
+    /// Sets `name`, in place if it is set already: a request holds each name once, so its list
+    /// is bounded by [`REQUEST_FIELD_NAMES`] whoever records.
     fn record(&self, name: &'static str, json: String) {
-        self.lock().push((name, json));
+        let mut members = self.lock();
+        match members.iter_mut().find(|(recorded, _)| *recorded == name) {
+            Some((_, value)) => *value = json,
+            None => members.push((name, json)),
+        }
     }
 
     /// The fields recorded so far, earliest first; held while a line copies them.
@@ -73,7 +82,11 @@ impl RequestFields {
 
 /// The request this thread is serving now, if any.
 pub fn current() -> Option<Arc<RequestFields>> {
-    CURRENT.with(|current| current.borrow().clone())
+    // None, too, for a line written while the thread's storage is being torn down at its exit.
+    CURRENT
+        .try_with(|current| current.borrow().clone())
+        .ok()
+        .flatten()
 }
 
 /// Runs `f` serving `request`: the lines it writes carry the request's fields. The request
@@ -89,18 +102,37 @@ pub fn in_request<R>(request: &Arc<RequestFields>, f: impl FnOnce() -> R) -> R {
     f()
 }
 
+pin_project! {
+    /// A future that serves its request at each of its polls: lines written while it runs carry
+    /// the request's fields.
+    pub struct Scoped<F> {
+        request: Option<Arc<RequestFields>>,
+        // Polled where it is: a request's future is large, and moving it costs a copy.
+        #[pin]
+        future: F,
+    }
+}
+
+impl<F: Future> Future for Scoped<F> {
+    type Output = F::Output;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
+        let this = self.project();
+        match this.request {
+            Some(request) => in_request(request, || this.future.poll(cx)),
+            None => this.future.poll(cx),
+        }
+    }
+}
+
 /// `future`, serving `request` at each of its polls (when there is one).
-pub async fn scoped<F: Future>(request: Option<Arc<RequestFields>>, future: F) -> F::Output {
-    let Some(request) = request else {
-        return future.await;
-    };
-    let mut future = pin!(future);
-    std::future::poll_fn(|cx| in_request(&request, || future.as_mut().poll(cx))).await
+pub fn scoped<F: Future>(request: Option<Arc<RequestFields>>, future: F) -> Scoped<F> {
+    Scoped { request, future }
 }
 
 /// `future`, serving at each of its polls the request this thread serves now: for a task
 /// spawned on the request's behalf.
-pub fn in_current_request<F: Future>(future: F) -> impl Future<Output = F::Output> {
+pub fn in_current_request<F: Future>(future: F) -> Scoped<F> {
     scoped(current(), future)
 }
 
@@ -113,16 +145,19 @@ mod tests {
     }
 
     #[test]
-    fn values_are_recorded_as_json_in_order() {
+    fn values_are_recorded_as_json_each_name_once_with_its_latest_value() {
         let request = RequestFields::new();
         request.record_str("request_id", "a\"b");
         request.record_i64("http.response.status_code", 404);
         request.record_str("http.route", "/api/users/{id}");
+        for status in 0..1000 {
+            request.record_i64("http.response.status_code", status);
+        }
         assert_eq!(
             recorded(&request),
             [
                 ("request_id", "\"a\\\"b\"".to_string()),
-                ("http.response.status_code", "404".to_string()),
+                ("http.response.status_code", "999".to_string()),
                 ("http.route", "\"/api/users/{id}\"".to_string()),
             ]
         );
@@ -150,18 +185,27 @@ mod tests {
         assert!(current().is_none());
     }
 
-    #[tokio::test]
+    #[tokio::test(flavor = "current_thread")]
     async fn a_scoped_future_serves_its_request_at_every_poll_and_not_between() {
         let request = RequestFields::new();
-        let seen = scoped(Some(Arc::clone(&request)), async {
+        let (resume, paused) = tokio::sync::oneshot::channel::<()>();
+        let (pausing, reached_pause) = tokio::sync::oneshot::channel::<()>();
+        let scoped_task = tokio::spawn(scoped(Some(Arc::clone(&request)), async move {
             let first = current();
-            tokio::task::yield_now().await;
+            pausing.send(()).unwrap();
+            let _ = paused.await;
             (first, current())
-        })
-        .await;
-        assert!(Arc::ptr_eq(&seen.0.unwrap(), &request));
-        assert!(Arc::ptr_eq(&seen.1.unwrap(), &request));
-        assert!(current().is_none());
+        }));
+        // The one thread runs the scoped task up to its pause, then this test again.
+        reached_pause.await.unwrap();
+        assert!(
+            current().is_none(),
+            "between its polls the thread serves no request"
+        );
+        resume.send(()).unwrap();
+        let (first, second) = scoped_task.await.unwrap();
+        assert!(Arc::ptr_eq(&first.unwrap(), &request));
+        assert!(Arc::ptr_eq(&second.unwrap(), &request));
     }
 
     #[tokio::test]

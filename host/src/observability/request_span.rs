@@ -8,19 +8,21 @@
 //! is read, and nothing runs between the two at every poll.
 
 use std::borrow::Cow;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
+use std::task::Poll;
 
 use http::{HeaderMap, Method, Uri};
-use opentelemetry::context::FutureExt as _;
 use opentelemetry::propagation::Extractor;
 use opentelemetry::trace::{
     SpanContext, SpanId, SpanKind, Status, TraceContextExt, TraceId, Tracer,
 };
 use opentelemetry::{Context, ContextGuard, KeyValue};
 use opentelemetry_sdk::trace::{IdGenerator, RandomIdGenerator, SdkTracer};
+use pin_project_lite::pin_project;
 
-use crate::observability::request_fields::{self, RequestFields};
+use crate::observability::request_fields::{self, RequestFields, Scoped};
 
 /// Longest `url.path` (and `url.query`) recorded on a span: a span must fit in one UDP packet
 /// to the agent.
@@ -236,9 +238,9 @@ impl RequestSpan {
     }
 
     /// `future`, inside the request at each poll, as [`RequestSpan::in_scope`].
-    pub async fn instrument<F: Future>(&self, future: F) -> F::Output {
+    pub fn instrument<F: Future>(&self, future: F) -> Scoped<InLogContext<F>> {
         let future = in_log_context(future, || self.exported.clone());
-        request_fields::scoped(self.log.clone(), future).await
+        request_fields::scoped(self.log.clone(), future)
     }
 
     fn record_log_str(&self, name: &'static str, value: &str) {
@@ -254,18 +256,35 @@ pub fn attach_for_log_records(context: &Context) -> Option<ContextGuard> {
     log_records_exported().then(|| context.clone().attach())
 }
 
+pin_project! {
+    /// A future with an OpenTelemetry context made current at each of its polls, if any.
+    pub struct InLogContext<F> {
+        context: Option<Context>,
+        // Polled where it is: a request's future is large, and moving it costs a copy.
+        #[pin]
+        future: F,
+    }
+}
+
+impl<F: Future> Future for InLogContext<F> {
+    type Output = F::Output;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> Poll<F::Output> {
+        let this = self.project();
+        let _current = this
+            .context
+            .as_ref()
+            .map(|context| context.clone().attach());
+        this.future.poll(cx)
+    }
+}
+
 /// `future`, with the context `context` makes now current at each of its polls, when log
 /// records are exported; `context` is called here (not at the first poll), and only then.
-pub fn in_log_context<F: Future>(
-    future: F,
-    context: impl FnOnce() -> Context,
-) -> impl Future<Output = F::Output> {
-    let context = log_records_exported().then(context);
-    async move {
-        match context {
-            Some(context) => future.with_context(context).await,
-            None => future.await,
-        }
+pub fn in_log_context<F: Future>(future: F, context: impl FnOnce() -> Context) -> InLogContext<F> {
+    InLogContext {
+        context: log_records_exported().then(context),
+        future,
     }
 }
 

@@ -112,7 +112,9 @@ impl Guest {
         // cannot be interrupted by epochs: this is the backstop, for the whole exchange.
         let backstop = self.limits.request_timeout + Duration::from_secs(1);
         let instance_permit = Arc::clone(&permit);
-        let instance = async move {
+        // Boxed where it is made: the instance's future (linking and the guest's call inside)
+        // is kilobytes large, and each wrapper and the spawn would otherwise copy it whole.
+        let instance = Box::pin(async move {
             // Locals drop in reverse order: the store (its memory regions and stack back in
             // their pools) before the permit, so a request that gets the permit always finds
             // what it needs in the pools; the cost is reported last, whatever ended the task.
@@ -135,7 +137,7 @@ impl Guest {
             tokio::time::timeout(backstop, timed(exchange, &cost))
                 .await
                 .unwrap_or_else(|_| Err(DeadlineExceeded.into()))
-        };
+        });
         // Lines written in the task (by wasmtime-wasi-http, the store's drivers) carry the
         // request's fields, and go out as log records with its ids: its OpenTelemetry context
         // is the current one here.
