@@ -41,6 +41,8 @@ const STANDARD_METHODS: &[Method] = &[
     Method::TRACE,
     Method::PATCH,
 ];
+/// The W3C Trace Context header that names the caller's trace.
+const TRACEPARENT: &str = "traceparent";
 /// `http.request.method` of a request whose method is not a standard one.
 pub const OTHER_METHOD: &str = "_OTHER";
 
@@ -99,9 +101,15 @@ impl RequestSpan {
         let method_original = standard_method(method)
             .is_none()
             .then(|| truncate(method.as_str(), MAX_RECORDED_METHOD));
-        let caller = opentelemetry::global::get_text_map_propagator(|propagator| {
-            propagator.extract(&HeaderExtractor(headers))
-        });
+        // The host's one propagator is W3C Trace Context: without a `traceparent` there is no
+        // caller's trace to continue, and the global propagator is not asked.
+        let caller = if headers.contains_key(TRACEPARENT) {
+            opentelemetry::global::get_text_map_propagator(|propagator| {
+                propagator.extract(&HeaderExtractor(headers))
+            })
+        } else {
+            Context::new()
+        };
         let exported = match TRACER.get() {
             Some(tracer) => {
                 let mut attributes = Vec::with_capacity(12);
