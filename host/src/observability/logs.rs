@@ -616,7 +616,9 @@ mod tests {
         request.record_i64("http.response.status_code", 200);
         request.record_i64("http.response.status_code", 503);
         let lines = lines_logged_by(|| {
-            request_fields::in_request(&request, || tracing::warn!(detail = "late", "failed"));
+            request_fields::in_request(Some(&request), || {
+                tracing::warn!(detail = "late", "failed")
+            });
             tracing::info!("after the request");
         });
         let line = &lines[0];
@@ -637,7 +639,7 @@ mod tests {
                 ("http.route".to_string(), Value::from("/forged")),
                 ("user".to_string(), Value::from("ada")),
             ]);
-            request_fields::in_request(&request, || {
+            request_fields::in_request(Some(&request), || {
                 tracing::info!(guest_fields = %fields, "from the guest");
             });
         });

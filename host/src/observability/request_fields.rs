@@ -89,9 +89,12 @@ pub fn current() -> Option<Arc<RequestFields>> {
         .flatten()
 }
 
-/// Runs `f` serving `request`: the lines it writes carry the request's fields. The request
-/// served before is served again afterwards, even if `f` panics.
-pub fn in_request<R>(request: &Arc<RequestFields>, f: impl FnOnce() -> R) -> R {
+/// Runs `f` serving `request`, when there is one: the lines it writes carry the request's
+/// fields. The request served before is served again afterwards, even if `f` panics.
+pub fn in_request<R>(request: Option<&Arc<RequestFields>>, f: impl FnOnce() -> R) -> R {
+    let Some(request) = request else {
+        return f();
+    };
     struct Restore(Option<Arc<RequestFields>>);
     impl Drop for Restore {
         fn drop(&mut self) {
@@ -118,10 +121,7 @@ impl<F: Future> Future for Scoped<F> {
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
         let this = self.project();
-        match this.request {
-            Some(request) => in_request(request, || this.future.poll(cx)),
-            None => this.future.poll(cx),
-        }
+        in_request(this.request.as_ref(), || this.future.poll(cx))
     }
 }
 
@@ -168,8 +168,8 @@ mod tests {
         let outer = RequestFields::new();
         let inner = RequestFields::new();
         assert!(current().is_none());
-        in_request(&outer, || {
-            in_request(&inner, || {
+        in_request(Some(&outer), || {
+            in_request(Some(&inner), || {
                 assert!(Arc::ptr_eq(&current().unwrap(), &inner));
             });
             assert!(Arc::ptr_eq(&current().unwrap(), &outer));
@@ -180,7 +180,8 @@ mod tests {
     #[test]
     fn a_panic_inside_a_request_leaves_the_thread_serving_none() {
         let request = RequestFields::new();
-        let caught = std::panic::catch_unwind(|| in_request(&request, || panic!("in the request")));
+        let caught =
+            std::panic::catch_unwind(|| in_request(Some(&request), || panic!("in the request")));
         assert!(caught.is_err());
         assert!(current().is_none());
     }
@@ -211,7 +212,7 @@ mod tests {
     #[tokio::test]
     async fn a_task_spawned_in_a_request_serves_it() {
         let request = RequestFields::new();
-        let task = in_request(&request, || {
+        let task = in_request(Some(&request), || {
             tokio::spawn(in_current_request(async { current() }))
         });
         assert!(Arc::ptr_eq(&task.await.unwrap().unwrap(), &request));

@@ -239,10 +239,7 @@ impl RequestSpan {
     /// request's span or one inside it.
     pub fn in_span<R>(&self, span: &Context, f: impl FnOnce() -> R) -> R {
         let _current = attach_for_log_records(span);
-        match &self.log {
-            Some(log) => request_fields::in_request(log, f),
-            None => f(),
-        }
+        request_fields::in_request(self.log.as_ref(), f)
     }
 
     /// `future`, inside the request at each poll, as [`RequestSpan::in_scope`].

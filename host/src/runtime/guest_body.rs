@@ -71,16 +71,12 @@ impl http_body::Body for GuestBody {
             Ok(Err(trap)) => {
                 let error = one_line(&*trap);
                 let _current = self.exported.clone().map(opentelemetry::Context::attach);
-                let line = || {
+                request_fields::in_request(self.request.as_ref(), || {
                     tracing::error!(
                         error,
                         "guest failed while streaming its body; response cut short"
                     );
-                };
-                match &self.request {
-                    Some(request) => request_fields::in_request(request, line),
-                    None => line(),
-                }
+                });
                 Poll::Ready(Some(Err(wasmtime_wasi_http::Error::InternalError(Some(
                     "the guest failed while streaming its body".to_string(),
                 )))))
