@@ -4,7 +4,7 @@
 //! Why not a `tracing_appender::non_blocking` writer per output: each line then goes through a
 //! channel to a thread that wakes for it and writes it with a system call of its own; under
 //! load that was two wake-ups and two writes for each request's line. Here an output's thread
-//! writes what gathered, sleeps [`LINGER`], and writes again; it parks only when a linger brought
+//! writes what gathered, lingers [`LINGER`], and writes again; it parks only when a linger brought
 //! nothing, and only then does a line wake it. Under load no line wakes a thread: a wake-up is a
 //! system call on the request's path, and on a busy machine the woken thread takes the core the
 //! request was running on. An output that stalls (a pipe nobody reads, a disk that hangs)
@@ -26,8 +26,11 @@ use tracing_subscriber::fmt::MakeWriter;
 pub const MAX_PENDING_BYTES: usize = 16 << 20;
 
 /// How long an output's thread lets lines gather before it writes them, between two batches and
-/// once woken: the most a line waits to be written, beside the write itself.
-pub const LINGER: Duration = Duration::from_millis(2);
+/// once woken: the most a line waits to be written, beside the write itself. Each linger ends
+/// in a wake-up of the thread, which on a busy machine takes a core from a request: at 2 ms
+/// the two outputs' 1,000 wake-ups a second cost the real guest's requests about 5 % of their
+/// CPU (bench/PROFILE.md, section 16); at 10 ms they are 200.
+pub const LINGER: Duration = Duration::from_millis(10);
 
 /// How long the exit waits for the outputs to write what is pending; an output still stuck
 /// then is left behind.
@@ -156,6 +159,15 @@ impl Output {
         self.pending.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
+    /// Waits [`LINGER`] for lines to gather, or less if the guard closes the output meanwhile:
+    /// the exit does not wait for a linger to end.
+    fn linger<'a>(&'a self, pending: MutexGuard<'a, Pending>) -> MutexGuard<'a, Pending> {
+        self.ready
+            .wait_timeout_while(pending, LINGER, |pending| !pending.closing)
+            .unwrap_or_else(PoisonError::into_inner)
+            .0
+    }
+
     /// Appends `line` whole if it fits within `max_pending`; counts it dropped otherwise.
     fn append(&self, line: &[u8]) {
         let mut pending = self.lock();
@@ -200,11 +212,7 @@ fn write_batches(output: &Output, mut target: Box<dyn Write + Send>) {
                     .unwrap_or_else(PoisonError::into_inner);
             }
             pending.parked = false;
-            if !pending.closing {
-                drop(pending);
-                std::thread::sleep(LINGER);
-                pending = output.lock();
-            }
+            pending = output.linger(pending);
         }
         std::mem::swap(&mut pending.lines, &mut batch);
         let dropped = std::mem::take(&mut pending.dropped);
@@ -234,7 +242,7 @@ fn write_batches(output: &Output, mut target: Box<dyn Write + Send>) {
             break;
         }
         // What comes meanwhile waits for the next batch, and wakes nobody.
-        std::thread::sleep(LINGER);
+        drop(output.linger(output.lock()));
     }
 }
 
