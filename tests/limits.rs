@@ -380,12 +380,7 @@ async fn ten_thousand_leaked_nested_spans_cost_a_quota_not_the_host() {
             .as_str()
             .is_some_and(|message| message.contains("telemetry quota"))
     };
-    // Log lines reach stdout from the writer's thread: wait for the third.
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while host.log_lines_where(is_quota_warning).len() < 3 && Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    let warnings = host.log_lines_where(is_quota_warning);
+    let warnings = host.wait_for_logs(3, is_quota_warning);
     assert_eq!(warnings.len(), 3, "one WARN line per request");
     assert_eq!(warnings[0]["level"], "WARN");
     assert_eq!(warnings[0]["dropped_spans"], 10_000 - 128);

@@ -411,7 +411,7 @@ async fn malformed_spans_records_and_metrics_are_dropped_and_counted() {
     assert_eq!(dropped(&samples, "span"), 9.0);
     assert_eq!(dropped(&samples, "metric"), 2.0);
     // Records whose ids name no span of the request stay in the request's span.
-    let records = host.log_lines_where(|line| line["message"] == "hostile record");
+    let records = host.wait_for_logs(2, |line| line["message"] == "hostile record");
     assert_eq!(records.len(), 2);
     for record in &records {
         assert_eq!(record["request_id"], "malformed");
@@ -456,7 +456,7 @@ async fn a_flood_through_wasi_otel_leaves_the_host_alive_bounded_and_counting() 
     assert_eq!(dropped(&samples, "log"), 1_000_000.0 - 256.0);
     assert_eq!(dropped(&samples, "metric"), 100_000.0 - 255.0);
     assert!(dropped(&samples, "attribute") > 99_000.0);
-    let records = host.log_lines_where(|line| line["message"] == "hostile record");
+    let records = host.wait_for_logs(256, |line| line["message"] == "hostile record");
     assert_eq!(records.len(), 256);
     assert!(host.is_running());
 }

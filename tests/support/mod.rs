@@ -342,6 +342,23 @@ impl Host {
             .collect()
     }
 
+    /// Waits until `count` stdout lines satisfy `wanted`, for 10 s at most, and returns those
+    /// there are then (lines reach stdout from the log writer's thread, in batches).
+    pub fn wait_for_logs(
+        &self,
+        count: usize,
+        wanted: impl Fn(&serde_json::Value) -> bool,
+    ) -> Vec<serde_json::Value> {
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            let lines = self.log_lines_where(&wanted);
+            if lines.len() >= count || std::time::Instant::now() >= deadline {
+                return lines;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     /// Waits until some stdout line satisfies `found`, or panics after 10 s.
     pub fn wait_for_log(&self, found: impl Fn(&serde_json::Value) -> bool) -> serde_json::Value {
         let deadline = std::time::Instant::now() + Duration::from_secs(10);

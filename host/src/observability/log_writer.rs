@@ -26,7 +26,7 @@ use tracing_subscriber::fmt::MakeWriter;
 pub const MAX_PENDING_BYTES: usize = 16 << 20;
 
 /// How long an output's thread lets lines gather before it writes them, between two batches and
-/// once woken: the most a line waits to be written, beside the write itself. Each linger ends
+/// once woken: the most a line waits to be written, beside the writes themselves. Each linger ends
 /// in a wake-up of the thread, which on a busy machine takes a core from a request: at 2 ms
 /// the two outputs' 1,000 wake-ups a second cost the real guest's requests about 5 % of their
 /// CPU (bench/PROFILE.md, section 16); at 10 ms they are 200.
@@ -63,6 +63,8 @@ struct Output {
     /// Signalled when a line comes while the thread is parked, and at close.
     ready: Condvar,
     max_pending: usize,
+    /// [`LINGER`], but in tests.
+    linger: Duration,
     /// Lines dropped since the output's thread started.
     dropped_total: AtomicU64,
     /// Times a line woke the parked thread.
@@ -73,7 +75,7 @@ struct Pending {
     lines: Vec<u8>,
     /// Lines dropped since the thread last said so.
     dropped: u64,
-    /// The thread waits on `ready`: the next line must wake it.
+    /// The thread waits on `ready` for a line (not lingering): the next line must wake it.
     parked: bool,
     closing: bool,
 }
@@ -82,6 +84,15 @@ struct Pending {
 pub fn start(
     outputs: Vec<(&'static str, Box<dyn Write + Send>)>,
     max_pending: usize,
+) -> io::Result<(LogWriter, LogWriterGuard)> {
+    start_lingering(outputs, max_pending, LINGER)
+}
+
+/// [`start`], the outputs' threads lingering `linger` between batches.
+fn start_lingering(
+    outputs: Vec<(&'static str, Box<dyn Write + Send>)>,
+    max_pending: usize,
+    linger: Duration,
 ) -> io::Result<(LogWriter, LogWriterGuard)> {
     let (done, finished) = mpsc::channel::<()>();
     let mut shared = Vec::new();
@@ -96,6 +107,7 @@ pub fn start(
             }),
             ready: Condvar::new(),
             max_pending,
+            linger,
             dropped_total: AtomicU64::new(0),
             wake_ups: AtomicU64::new(0),
         });
@@ -163,7 +175,7 @@ impl Output {
     /// the exit does not wait for a linger to end.
     fn linger<'a>(&'a self, pending: MutexGuard<'a, Pending>) -> MutexGuard<'a, Pending> {
         self.ready
-            .wait_timeout_while(pending, LINGER, |pending| !pending.closing)
+            .wait_timeout_while(pending, self.linger, |pending| !pending.closing)
             .unwrap_or_else(PoisonError::into_inner)
             .0
     }
@@ -371,6 +383,23 @@ mod tests {
             assert!(Instant::now() < deadline, "waited 10 s for {what}");
             std::thread::sleep(Duration::from_millis(1));
         }
+    }
+
+    #[test]
+    fn closing_ends_a_linger_at_once_and_writes_what_gathered() {
+        let (file, to_file) = recorder(None);
+        let linger = Duration::from_secs(600);
+        let (writer, guard) = start_lingering(vec![("file", file)], 1 << 20, linger).unwrap();
+        let output = Arc::clone(&writer.outputs[0]);
+        wait_until("the thread parked", || output.lock().parked);
+        (&writer).write_all(b"{\"n\":0}\n").unwrap();
+        // Woken, the thread lets lines gather for ten minutes before it writes: given the time
+        // to wake and start its linger (were it still parked, the close would end that alone).
+        std::thread::sleep(Duration::from_millis(200));
+        let closing = Instant::now();
+        drop(guard);
+        assert!(closing.elapsed() < EXIT_DEADLINE, "{:?}", closing.elapsed());
+        assert_eq!(to_file.written.lock().unwrap().as_slice(), b"{\"n\":0}\n");
     }
 
     #[test]
