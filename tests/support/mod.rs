@@ -361,18 +361,10 @@ impl Host {
 
     /// Waits until some stdout line satisfies `found`, or panics after 10 s.
     pub fn wait_for_log(&self, found: impl Fn(&serde_json::Value) -> bool) -> serde_json::Value {
-        let deadline = std::time::Instant::now() + Duration::from_secs(10);
-        loop {
-            if let Some(line) = self.log_lines().into_iter().find(|line| found(line)) {
-                return line;
-            }
-            assert!(
-                std::time::Instant::now() < deadline,
-                "no such log line in {:#?}",
-                self.log_lines()
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        self.wait_for_logs(1, found)
+            .into_iter()
+            .next()
+            .unwrap_or_else(|| panic!("no such log line in {:#?}", self.log_lines()))
     }
 
     /// Sends a signal (`HUP`, `TERM`, …) to the host process.

@@ -213,8 +213,8 @@ fn write_batches(output: &Output, mut target: Box<dyn Write + Send>) {
     // Whether the last write failed, maybe halfway through a line: the next batch then starts
     // on a line of its own.
     let mut cut = false;
+    let mut pending = output.lock();
     loop {
-        let mut pending = output.lock();
         if pending.lines.is_empty() && !pending.closing {
             while pending.lines.is_empty() && !pending.closing {
                 pending.parked = true;
@@ -254,7 +254,7 @@ fn write_batches(output: &Output, mut target: Box<dyn Write + Send>) {
             break;
         }
         // What comes meanwhile waits for the next batch, and wakes nobody.
-        drop(output.linger(output.lock()));
+        pending = output.linger(output.lock());
     }
 }
 
