@@ -5,9 +5,10 @@
 //!
 //! A line is written straight from JSON text: each span keeps its fields rendered once, as they
 //! are recorded ([`JsonMembers`]), and the line copies them, so nothing is parsed back or built
-//! as a tree for every event; a guest's fields join it as the JSON text of each value, and the
-//! line's members are sorted once when it is written (a real guest's line took 8.4 µs of its
-//! request before section 8 of bench/PROFILE.md, 4.8 after section 10).
+//! as a tree for every event; a guest's fields join it as the JSON text of each value. Keys come
+//! in the order they were first set, each once: the host's, then the guest's, sorted (a real
+//! guest's line took 8.4 µs of its request before section 8 of bench/PROFILE.md, 4.8 after
+//! section 10; section 17 took the sort of every member out).
 
 use std::borrow::Cow;
 use std::collections::BTreeMap;
@@ -158,9 +159,13 @@ where
         let mut line = Line::default();
         line.set("timestamp", rfc3339_micros(std::time::SystemTime::now()));
         line.set("level", level_json(event.metadata().level()));
-        for (name, value) in request_members.iter().flat_map(|members| members.iter()) {
-            line.set(*name, value.as_str());
-        }
+        // A request holds each of its names once, and none of them is the line's own.
+        line.members.extend(
+            request_members
+                .iter()
+                .flat_map(|members| members.iter())
+                .map(|(name, value)| (Cow::Borrowed(*name), Cow::Borrowed(value.as_str()))),
+        );
         for fields in extensions
             .iter()
             .filter_map(|extensions| extensions.get::<FormattedFields<N>>())
@@ -182,8 +187,10 @@ where
             guest_fields,
             ..
         } = fields;
-        let target = library_target.unwrap_or_else(|| event.metadata().target().to_string());
-        line.set("target", json_string(&target));
+        let target = library_target
+            .as_deref()
+            .unwrap_or_else(|| event.metadata().target());
+        line.set("target", json_string(target));
         if let Some(text) = &guest_fields {
             let declared = |key: &str| {
                 event.metadata().fields().field(key).is_some()
@@ -214,10 +221,11 @@ fn level_json(level: &tracing::Level) -> &'static str {
     }
 }
 
-/// A line being put together: its members as set, each key's JSON value as text. Of a key set
-/// more than once, the last value is written. The keys are sorted once, when the line is written:
-/// a guest's log event may carry up to the request's 1,024 attributes, and no key is searched
-/// for among them.
+/// A line being put together: its members as set, each key's JSON value as text, each key
+/// once, in the order it was first set. A later value of a key replaces the earlier one where it
+/// stands: the host sets a line's dozen or so members this way, one search among them each. A
+/// guest's fields, up to the request's 1,024 attributes, join the line already unique and apart
+/// from the host's, so no key is searched for among them.
 struct Line<'a> {
     members: Vec<(Cow<'a, str>, Cow<'a, str>)>,
 }
@@ -234,59 +242,72 @@ impl Default for Line<'_> {
 impl<'a> Line<'a> {
     /// Sets `key` to the JSON text `value`, replacing an earlier value of the same key.
     fn set(&mut self, key: impl Into<Cow<'a, str>>, value: impl Into<Cow<'a, str>>) {
-        self.members.push((key.into(), value.into()));
+        let key = key.into();
+        let value = value.into();
+        match self.members.iter_mut().find(|(set, _)| *set == key) {
+            Some((_, earlier)) => *earlier = value,
+            None => self.members.push((key, value)),
+        }
     }
 
-    /// Adds the members of a guest's [`GUEST_FIELDS`] object. The guest never writes a field
-    /// of the host (`http.route`, the request's ids...), whether the line holds it yet or its
-    /// span only declares it (`declared`): a clashing key is kept beside it as `guest.<name>`.
-    /// Text that is not such an object is kept as one string.
+    /// Adds the members of a guest's [`GUEST_FIELDS`] object, after every member of the host.
+    /// The guest never writes a field of the host (`http.route`, the request's ids...), whether
+    /// the line holds it yet or its span only declares it (`declared`): a clashing key is kept
+    /// beside it as `guest.<name>`. Text that is not such an object is kept as one string.
     fn add_guest_fields(&mut self, text: &'a str, declared: impl Fn(&str) -> bool) {
         // Each value stays the text it was in the object: nothing is parsed into a tree and
-        // written again.
+        // written again. The map holds each key once, in order.
         let Ok(fields) = serde_json::from_str::<BTreeMap<String, &RawValue>>(text) else {
             self.set(GUEST_FIELDS, json_string(text));
             return;
         };
         let hosts = self.members.len();
-        let is_hosts =
-            |key: &str| declared(key) || self.members[..hosts].iter().any(|(host, _)| host == key);
-        let renamed: Vec<_> = fields
-            .into_iter()
-            .map(|(mut key, value)| {
-                while is_hosts(&key) {
-                    key = format!("guest.{key}");
-                }
-                (key, value)
-            })
-            .collect();
-        for (key, value) in renamed {
-            self.set(key, value.get());
+        let mut renamed_any = false;
+        for (mut key, value) in fields {
+            while declared(&key) || self.members[..hosts].iter().any(|(host, _)| *host == key) {
+                key = format!("guest.{key}");
+                renamed_any = true;
+            }
+            self.members
+                .push((Cow::Owned(key), Cow::Borrowed(value.get())));
+        }
+        if renamed_any {
+            // A renamed key may now be one the guest gave as well (`version` became
+            // `guest.version`): of the two, the later in key order is kept, as if set in turn.
+            let mut guests = self.members.split_off(hosts);
+            guests.reverse();
+            guests.sort_by(|(a, _), (b, _)| a.cmp(b));
+            guests.dedup_by(|(later, _), (kept, _)| later == kept);
+            self.members.append(&mut guests);
         }
     }
 
-    /// Writes the line as one JSON object and a line break.
-    fn write(mut self, writer: &mut Writer<'_>) -> fmt::Result {
-        // Latest first, then a stable sort by key: the first of each key is the one to keep.
-        self.members.reverse();
-        self.members.sort_by(|(a, _), (b, _)| a.cmp(b));
-        self.members.dedup_by(|(later, _), (kept, _)| later == kept);
-        writer.write_char('{')?;
+    /// Writes the line as one JSON object and a line break, in one write: the writer is
+    /// reached through a trait object, and a call per token cost more than the copy.
+    fn write(self, writer: &mut Writer<'_>) -> fmt::Result {
+        let length: usize = self
+            .members
+            .iter()
+            .map(|(key, value)| key.len() + value.len() + 4)
+            .sum();
+        let mut text = String::with_capacity(length + 3);
+        text.push('{');
         for (index, (key, value)) in self.members.iter().enumerate() {
             if index > 0 {
-                writer.write_char(',')?;
+                text.push(',');
             }
             if !needs_escaping(key) {
-                writer.write_char('"')?;
-                writer.write_str(key)?;
-                writer.write_char('"')?;
+                text.push('"');
+                text.push_str(key);
+                text.push('"');
             } else {
-                writer.write_str(&json_string(key))?;
+                text.push_str(&json_string(key));
             }
-            writer.write_char(':')?;
-            writer.write_str(value)?;
+            text.push(':');
+            text.push_str(value);
         }
-        writer.write_str("}\n")
+        text.push_str("}\n");
+        writer.write_str(&text)
     }
 }
 
@@ -426,9 +447,35 @@ mod tests {
         }
     }
 
+    /// A JSON object's members as the text has them, in order, a key given twice included.
+    struct MembersInOrder(Vec<(String, Value)>);
+
+    impl<'de> serde::Deserialize<'de> for MembersInOrder {
+        fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+            struct Members;
+            impl<'de> serde::de::Visitor<'de> for Members {
+                type Value = MembersInOrder;
+                fn expecting(&self, formatter: &mut fmt::Formatter) -> fmt::Result {
+                    formatter.write_str("a JSON object")
+                }
+                fn visit_map<A: serde::de::MapAccess<'de>>(
+                    self,
+                    mut map: A,
+                ) -> Result<MembersInOrder, A::Error> {
+                    let mut members = Vec::new();
+                    while let Some(member) = map.next_entry()? {
+                        members.push(member);
+                    }
+                    Ok(MembersInOrder(members))
+                }
+            }
+            deserializer.deserialize_map(Members)
+        }
+    }
+
     /// The lines `run` logs through a layer set up as the host sets up its own. Each must be one
-    /// JSON object exactly as serde_json writes it (keys sorted, each once, nothing between
-    /// tokens): a key written twice would read back as one, and the line would differ.
+    /// JSON object, each key once, exactly as serde_json writes its members in the line's order
+    /// (nothing between tokens).
     fn lines_logged_by(run: impl FnOnce()) -> Vec<Map<String, Value>> {
         let buffer = SharedBuffer::default();
         let writer = buffer.clone();
@@ -444,9 +491,15 @@ mod tests {
             .unwrap()
             .lines()
             .map(|line| {
-                let object: Map<String, Value> =
+                let MembersInOrder(members) =
                     serde_json::from_str(line).expect("each line is one JSON object");
-                assert_eq!(Value::Object(object.clone()).to_string(), line);
+                let written: Vec<String> = members
+                    .iter()
+                    .map(|(key, value)| format!("{}:{value}", json_string(key)))
+                    .collect();
+                assert_eq!(format!("{{{}}}", written.join(",")), line);
+                let object: Map<String, Value> = members.into_iter().collect();
+                assert_eq!(object.len(), written.len(), "a key written twice: {line}");
                 object
             })
             .collect()
@@ -648,6 +701,28 @@ mod tests {
         assert_eq!(line["guest.request_id"], "forged");
         assert!(!line.contains_key("http.route"), "{line:?}");
         assert_eq!(line["guest.http.route"], "/forged");
+        assert_eq!(line["user"], "ada");
+    }
+
+    #[test]
+    fn a_guest_key_renamed_onto_one_the_guest_gave_too_is_on_the_line_once() {
+        let request = RequestFields::new();
+        request.record_str("request_id", "id-1");
+        let lines = lines_logged_by(|| {
+            let fields = guest_fields([
+                ("guest.request_id".to_string(), Value::from("given")),
+                ("request_id".to_string(), Value::from("forged")),
+                ("user".to_string(), Value::from("ada")),
+            ]);
+            request_fields::in_request(Some(&request), || {
+                tracing::info!(guest_fields = %fields, "from the guest");
+            });
+        });
+        // Set in key order, the renamed `request_id` comes after the guest's own
+        // `guest.request_id`, and replaces it.
+        let line = &lines[0];
+        assert_eq!(line["request_id"], "id-1");
+        assert_eq!(line["guest.request_id"], "forged");
         assert_eq!(line["user"], "ada");
     }
 
