@@ -62,6 +62,8 @@ impl RequestFields {
     /// Sets `name`, in place if it is set already: a request holds each name once, so its list
     /// is bounded by [`REQUEST_FIELD_NAMES`] whoever records.
     fn record(&self, name: &'static str, json: String) {
+        // A log line adds these members without searching it for their names (`logs.rs`).
+        debug_assert!(REQUEST_FIELD_NAMES.contains(&name), "{name} is no request field");
         let mut members = self.lock();
         match members.iter_mut().find(|(recorded, _)| *recorded == name) {
             Some((_, value)) => *value = json,
