@@ -63,7 +63,10 @@ impl RequestFields {
     /// is bounded by [`REQUEST_FIELD_NAMES`] whoever records.
     fn record(&self, name: &'static str, json: String) {
         // A log line adds these members without searching it for their names (`logs.rs`).
-        debug_assert!(REQUEST_FIELD_NAMES.contains(&name), "{name} is no request field");
+        debug_assert!(
+            REQUEST_FIELD_NAMES.contains(&name),
+            "{name} is no request field"
+        );
         let mut members = self.lock();
         match members.iter_mut().find(|(recorded, _)| *recorded == name) {
             Some((_, value)) => *value = json,
