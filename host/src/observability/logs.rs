@@ -682,21 +682,31 @@ mod tests {
         assert!(!lines[1].contains_key("request_id"), "{:?}", lines[1]);
     }
 
-    #[test]
-    fn a_guest_may_not_write_a_request_field_even_one_not_recorded_yet() {
+    /// The line a guest logs with `fields` while serving a request whose `request_id` is
+    /// `id-1` and which has recorded nothing else yet.
+    fn guest_line_in_request(fields: &[(&str, &str)]) -> Map<String, Value> {
         let request = RequestFields::new();
         request.record_str("request_id", "id-1");
-        let lines = lines_logged_by(|| {
-            let fields = guest_fields([
-                ("request_id".to_string(), Value::from("forged")),
-                ("http.route".to_string(), Value::from("/forged")),
-                ("user".to_string(), Value::from("ada")),
-            ]);
+        let fields = guest_fields(
+            fields
+                .iter()
+                .map(|(key, value)| (key.to_string(), Value::from(*value))),
+        );
+        let mut lines = lines_logged_by(|| {
             request_fields::in_request(Some(&request), || {
                 tracing::info!(guest_fields = %fields, "from the guest");
             });
         });
-        let line = &lines[0];
+        lines.remove(0)
+    }
+
+    #[test]
+    fn a_guest_may_not_write_a_request_field_even_one_not_recorded_yet() {
+        let line = &guest_line_in_request(&[
+            ("request_id", "forged"),
+            ("http.route", "/forged"),
+            ("user", "ada"),
+        ]);
         assert_eq!(line["request_id"], "id-1");
         assert_eq!(line["guest.request_id"], "forged");
         assert!(!line.contains_key("http.route"), "{line:?}");
@@ -706,21 +716,13 @@ mod tests {
 
     #[test]
     fn a_guest_key_renamed_onto_one_the_guest_gave_too_is_on_the_line_once() {
-        let request = RequestFields::new();
-        request.record_str("request_id", "id-1");
-        let lines = lines_logged_by(|| {
-            let fields = guest_fields([
-                ("guest.request_id".to_string(), Value::from("given")),
-                ("request_id".to_string(), Value::from("forged")),
-                ("user".to_string(), Value::from("ada")),
-            ]);
-            request_fields::in_request(Some(&request), || {
-                tracing::info!(guest_fields = %fields, "from the guest");
-            });
-        });
+        let line = &guest_line_in_request(&[
+            ("guest.request_id", "given"),
+            ("request_id", "forged"),
+            ("user", "ada"),
+        ]);
         // Set in key order, the renamed `request_id` comes after the guest's own
         // `guest.request_id`, and replaces it.
-        let line = &lines[0];
         assert_eq!(line["request_id"], "id-1");
         assert_eq!(line["guest.request_id"], "forged");
         assert_eq!(line["user"], "ada");
