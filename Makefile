@@ -1,8 +1,10 @@
 # The guest and the host share one target directory and its lock: build them one after another.
 CARGO ?= cargo
 GUEST_TARGET := wasm32-wasip2
-# Guests the integration tests run: the real one and the fixtures under tests/fixtures.
-GUEST_PACKAGES := -p guest -p panicking-guest -p minimal-guest -p command-component -p hostile-guest -p orders-guest -p otel-guest
+# Guests the integration tests run: the real one, built alone (it is no_std on wasm32, and built
+# with the std fixtures the wasi crate's features would unify into std), and the fixtures under
+# tests/fixtures.
+FIXTURE_PACKAGES := -p panicking-guest -p minimal-guest -p command-component -p hostile-guest -p orders-guest -p otel-guest
 
 .PHONY: build guests target run test fmt lint bench clean deploy-check conformance load live-checks
 
@@ -23,7 +25,8 @@ target:
 
 ## guests: every guest component, the test fixtures included.
 guests: target
-	$(CARGO) build --release --target $(GUEST_TARGET) $(GUEST_PACKAGES)
+	$(CARGO) build --release --target $(GUEST_TARGET) -p guest
+	$(CARGO) build --release --target $(GUEST_TARGET) $(FIXTURE_PACKAGES)
 
 ## run: build, then serve on port 8080.
 run: build
@@ -69,10 +72,11 @@ fmt:
 	$(CARGO) fmt --all
 
 ## lint: clippy on every target, warnings as errors, natively and for the guests' wasm edge; the
-## no_std bench guest alone (built with the std guests, the wasi crate's features unify into std).
+## no_std guests alone (built with the std guests, the wasi crate's features unify into std).
 lint: target
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
-	$(CARGO) clippy --target $(GUEST_TARGET) $(GUEST_PACKAGES) -- -D warnings
+	$(CARGO) clippy --target $(GUEST_TARGET) -p guest -- -D warnings
+	$(CARGO) clippy --target $(GUEST_TARGET) $(FIXTURE_PACKAGES) -- -D warnings
 	$(CARGO) clippy --target $(GUEST_TARGET) -p hello-nostd -- -D warnings
 
 ## bench: release builds, every contender under wrk, criterion; writes BENCHMARKS.md (not in CI).

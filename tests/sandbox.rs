@@ -1,7 +1,8 @@
 //! End-to-end tests of the sandbox's bounds (issue 22): memory that reaches the next instance
 //! only as zeroes even through swap, pools that give a burst's memory back, every instance slot
 //! held at once, the host-wide memory budget, quotas checked before a guest's string is read,
-//! and components that would make the host transcode their strings refused at load.
+//! components that would make the host transcode their strings refused at load, and the real
+//! guest linked without the command interfaces `std` would bring.
 
 mod support;
 
@@ -344,4 +345,45 @@ fn a_guest_that_passes_utf16_strings_to_the_host_is_refused_at_start_with_the_re
         stderr.contains("UTF-16") && stderr.contains("only UTF-8"),
         "{stderr}"
     );
+}
+
+/// The real guest is `no_std` on wasm32 (guest/src/lib.rs): `std` would bring WASI's command
+/// interfaces (environment, exit, the standard streams and terminals), which the guest never
+/// calls and the host would link into every per-request instance.
+#[test]
+fn the_service_guest_imports_nothing_but_http_its_streams_a_clock_and_the_service_interfaces() {
+    let bytes = std::fs::read(support::guest_path("guest")).unwrap();
+    // The component's own imports: those of its nested components and modules are internal.
+    let (mut imports, mut depth) = (Vec::new(), 0);
+    for payload in wasmparser::Parser::new(0).parse_all(&bytes) {
+        match payload.unwrap() {
+            wasmparser::Payload::Version { .. } => depth += 1,
+            wasmparser::Payload::End(_) => depth -= 1,
+            wasmparser::Payload::ComponentImportSection(section) if depth == 1 => {
+                for import in section {
+                    imports.push(import.unwrap().name.name.to_string());
+                }
+            }
+            _ => {}
+        }
+    }
+    assert!(
+        imports
+            .iter()
+            .any(|name| name.starts_with("tutorial:service/users@"))
+    );
+    let allowed = [
+        "wasi:http/types@",
+        "wasi:io/error@",
+        "wasi:io/poll@",
+        "wasi:io/streams@",
+        "wasi:clocks/monotonic-clock@",
+        "tutorial:service/users@",
+        "tutorial:service/telemetry@",
+    ];
+    let others: Vec<_> = imports
+        .iter()
+        .filter(|name| !allowed.iter().any(|prefix| name.starts_with(prefix)))
+        .collect();
+    assert!(others.is_empty(), "unexpected imports: {others:?}");
 }

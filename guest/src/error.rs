@@ -1,5 +1,8 @@
 //! The guest's one error type: every way a request can fail, with its status and message.
 
+use alloc::format;
+use alloc::string::String;
+
 use crate::limits::{MAX_N, MAX_NAME_CHARS};
 
 /// A request the API refuses. Each variant knows its HTTP status and its client-facing message;

@@ -14,7 +14,15 @@
 //!
 //! `wasm` is the thin edge compiled only for `wasm32`: it converts `wasi:http` requests and
 //! responses and implements the ports on the host's `users` interface.
+//!
+//! On wasm32 the crate is `no_std` (it allocates, through `alloc`): `std` on `wasm32-wasip2`
+//! brings WASI's command imports with it (environment, exit, the standard streams and their
+//! terminals, 19 functions) that the guest never calls, and the host links every import of a
+//! component into every per-request instance. Natively it keeps `std`, for the tests.
+#![cfg_attr(target_arch = "wasm32", no_std)]
 #![warn(missing_docs)]
+
+extern crate alloc;
 
 pub mod api;
 pub mod error;

@@ -3,6 +3,9 @@
 //! In the component these are the host's `users` interface and WASI's monotonic clock; in native
 //! tests they are in-memory fakes. Keeping them as traits is what lets the logic run anywhere.
 
+use alloc::string::{String, ToString};
+use alloc::vec::Vec;
+
 use serde::Serialize;
 
 /// A stored user, serialised exactly as the API returns it.

@@ -2,6 +2,10 @@
 //! the [`Responder`] they are sent through (the wasm edge's `wasi:http` response, or memory in
 //! tests).
 
+use alloc::string::{String, ToString};
+use alloc::vec;
+use alloc::vec::Vec;
+
 use serde::Serialize;
 
 use crate::error::ApiError;

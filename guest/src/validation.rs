@@ -1,5 +1,8 @@
 //! The contract's rules for request bodies and path parameters.
 
+use alloc::string::{String, ToString};
+use alloc::vec::Vec;
+
 use serde_json::{Map, Value};
 
 use crate::error::ApiError;

@@ -3,6 +3,11 @@
 //! Nothing here decides anything. It copies the request into an [`api::Request`], implements the
 //! ports on the host's `users` interface and WASI's clock, and copies the response back.
 
+use alloc::format;
+use alloc::string::{String, ToString};
+use alloc::vec::Vec;
+use core::sync::atomic::{AtomicBool, Ordering};
+
 use wasi::http::types::{
     Fields, IncomingRequest, Method, OutgoingBody, OutgoingResponse, ResponseOutparam,
 };
@@ -41,6 +46,66 @@ const READ_CHUNK: u64 = 64 * 1024;
 struct Component;
 
 export!(Component);
+
+/// Rust's own wasm allocator: `std`'s (wasi-libc's malloc) is not linked in a `no_std` guest.
+#[global_allocator]
+static ALLOCATOR: dlmalloc::GlobalDlmalloc = dlmalloc::GlobalDlmalloc;
+
+/// The canonical ABI's allocator, through which the host places the request's strings and lists
+/// in the guest's memory; wasi-libc provides it where `std` is linked.
+#[unsafe(no_mangle)]
+unsafe extern "C" fn cabi_realloc(
+    old_ptr: *mut u8,
+    old_len: usize,
+    align: usize,
+    new_len: usize,
+) -> *mut u8 {
+    use alloc::alloc::{Layout, alloc, realloc};
+    if new_len == 0 {
+        return align as *mut u8;
+    }
+    // SAFETY: the canonical ABI gives back a pointer this function returned, with the size and
+    // alignment it was returned for, or a zero size for a fresh allocation; `align` is a power
+    // of two and `new_len` non-zero.
+    let ptr = unsafe {
+        if old_len == 0 {
+            alloc(Layout::from_size_align_unchecked(new_len, align))
+        } else {
+            realloc(
+                old_ptr,
+                Layout::from_size_align_unchecked(old_len, align),
+                new_len,
+            )
+        }
+    };
+    if ptr.is_null() {
+        // Out of memory: the instance traps, and the host answers 503 or 500.
+        core::arch::wasm32::unreachable()
+    }
+    ptr
+}
+
+// `memcmp` (comparing slices and strings) from wasi-libc, which the target ships and `std` would
+// have linked: the archive gives only the objects asked for, which import nothing.
+#[link(name = "c")]
+unsafe extern "C" {}
+
+/// A panic is a bug in the guest. The instance has no stderr worth writing to (the host gives it
+/// none), so the message goes to the host's log as an ERROR line of the request, and the
+/// instance traps: the host answers 500.
+#[panic_handler]
+fn panic(info: &core::panic::PanicInfo<'_>) -> ! {
+    // A panic while reporting one (the message could not be allocated) traps at once.
+    static REPORTING: AtomicBool = AtomicBool::new(false);
+    if !REPORTING.swap(true, Ordering::Relaxed) {
+        let message = match info.location() {
+            Some(at) => format!("guest panicked at {at}: {}", info.message()),
+            None => format!("guest panicked: {}", info.message()),
+        };
+        telemetry::log(telemetry::Level::Error, &message, &[]);
+    }
+    core::arch::wasm32::unreachable()
+}
 
 impl exports::wasi::http::incoming_handler::Guest for Component {
     fn handle(request: IncomingRequest, response_out: ResponseOutparam) {

@@ -25,14 +25,14 @@ pub(super) fn compute<S: UserStore, C: Clock, T: Telemetry>(
     let n_attribute = ("compute.n", Value::Integer(n.into()));
     let span = ports
         .telemetry
-        .span("compute.fibonacci", std::slice::from_ref(&n_attribute));
+        .span("compute.fibonacci", core::slice::from_ref(&n_attribute));
     ports.telemetry.log(
         Level::Info,
         "compute started",
-        std::slice::from_ref(&n_attribute),
+        core::slice::from_ref(&n_attribute),
     );
     let started = ports.clock.now_nanos();
-    let result = fibonacci::naive(std::hint::black_box(n));
+    let result = fibonacci::naive(core::hint::black_box(n));
     let duration_ms = ports.clock.now_nanos().saturating_sub(started) / 1_000_000;
     let duration_attribute = ("compute.duration_ms", Value::Integer(duration_ms as i64));
     span.set_attribute(duration_attribute.clone());

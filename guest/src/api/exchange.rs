@@ -1,6 +1,9 @@
 //! What every endpoint shares: the request as the logic sees it, the ports it reaches, and the
 //! checks and log lines common to endpoints.
 
+use alloc::format;
+use alloc::string::String;
+
 use crate::error::ApiError;
 use crate::ports::{Level, Telemetry, Value};
 use crate::validation;

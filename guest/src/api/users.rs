@@ -1,5 +1,7 @@
 //! The users: listed (streamed a page at a time), looked up by id, created.
 
+use alloc::vec;
+
 use crate::api::exchange::{
     LIST_PAGE_SIZE, Ports, Request, json_body, log_rejection, log_store_failure,
 };
@@ -38,7 +40,7 @@ pub(super) fn list_users<S: UserStore, C: Clock, T: Telemetry>(
             if count > 0 {
                 chunk.push(b',');
             }
-            serde_json::to_writer(&mut chunk, user).expect("a user always serialises");
+            chunk.extend_from_slice(&serde_json::to_vec(user).expect("a user always serialises"));
             count += 1;
         }
         let last_page = page.len() < LIST_PAGE_SIZE as usize;
@@ -76,11 +78,11 @@ pub(super) fn get_user<S: UserStore, C: Clock, T: Telemetry>(
     let id_attribute = ("user.id", Value::from(id.as_deref().unwrap_or("invalid")));
     let _span = ports
         .telemetry
-        .span("users.get", std::slice::from_ref(&id_attribute));
+        .span("users.get", core::slice::from_ref(&id_attribute));
     ports.telemetry.log(
         Level::Info,
         "looking up user",
-        std::slice::from_ref(&id_attribute),
+        core::slice::from_ref(&id_attribute),
     );
     // Every lookup asks the store, which counts hits and misses: one that is not a UUID finds
     // nothing there.
