@@ -22,13 +22,32 @@ def cpu_us(run):
     return run["server_cpu_ms"] * 1000 / run["requests"] if run and "server_cpu_ms" in run and run["requests"] else None
 
 
-def read(name):
-    """The run stored under `name`; of several (throughput rounds), the one with most requests/s."""
+def rounds(name):
+    """Every run stored under `name`, in the order measured: one a round for the throughput rows."""
     path = results / f"{name}.json"
     if not path.exists():
-        return None
-    runs = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    return max(runs, key=rps) if len(runs) > 1 else runs[0]
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def median(values):
+    values = sorted(values)
+    middle = len(values) // 2
+    return values[middle] if len(values) % 2 else (values[middle - 1] + values[middle]) / 2
+
+
+def read(name):
+    """The run stored under `name`; of several (throughput rounds), the median by requests/s."""
+    runs = rounds(name)
+    if len(runs) < 2:
+        return runs[0] if runs else None
+    return sorted(runs, key=rps)[(len(runs) - 1) // 2]
+
+
+def paired(a, b, measure=rps):
+    """`measure` of contender a over that of b, round by round; the median of those ratios."""
+    pairs = [(x, y) for x, y in zip(rounds(a), rounds(b)) if measure(x) and measure(y)]
+    return median([measure(x) / measure(y) for x, y in pairs]) if pairs else None
 
 
 def criterion_ns(group, bench):
@@ -54,7 +73,6 @@ runs = {name: read(name) for name, _ in contenders}
 throughput = {name: rps(run) for name, run in runs.items()}
 cpu = {name: cpu_us(run) for name, run in runs.items()}
 
-serve = throughput["wasmtime-serve-minimal"]
 fib = read("fib30")
 per_request = {
     name: criterion_ns("instantiate_and_handle", name) for name in ("real-guest", "minimal-guest")
@@ -79,30 +97,26 @@ def ratio(a, b):
 
 rows = [
     ("throughput, host + minimal guest / wasmtime serve + minimal guest",
-     ratio(throughput["host-minimal"], serve), ">= 2.0", lambda v: v >= 2.0, "{:.2f}"),
+     paired("host-minimal", "wasmtime-serve-minimal"), ">= 2.0", lambda v: v >= 2.0, "{:.2f}"),
     ("throughput, host + no_std guest / wasmtime serve + no_std guest",
-     ratio(throughput["host-nostd"], throughput["wasmtime-serve-nostd"]), ">= 2.0",
-     lambda v: v >= 2.0, "{:.2f}"),
+     paired("host-nostd", "wasmtime-serve-nostd"), ">= 2.0", lambda v: v >= 2.0, "{:.2f}"),
     ("throughput, host + real guest (full telemetry) / wasmtime serve + minimal guest",
-     ratio(throughput["host-real"], serve), ">= 2.0", lambda v: v >= 2.0, "{:.2f}"),
+     paired("host-real", "wasmtime-serve-minimal"), ">= 2.0", lambda v: v >= 2.0, "{:.2f}"),
     ("throughput, host + real guest (full telemetry) / host + minimal guest",
-     ratio(throughput["host-real"], throughput["host-minimal"]), ">= 0.85", lambda v: v >= 0.85,
-     "{:.2f}"),
+     paired("host-real", "host-minimal"), ">= 0.85", lambda v: v >= 0.85, "{:.2f}"),
     ("reference: server CPU per request, wasmtime serve + minimal guest / host + real guest",
-     ratio(cpu["wasmtime-serve-minimal"], cpu["host-real"]), "", None, "{:.2f}"),
+     paired("wasmtime-serve-minimal", "host-real", cpu_us), "", None, "{:.2f}"),
     ("reference: server CPU per request, host + minimal guest / host + real guest",
-     ratio(cpu["host-minimal"], cpu["host-real"]), "", None, "{:.2f}"),
+     paired("host-minimal", "host-real", cpu_us), "", None, "{:.2f}"),
     ("throughput, host + real guest with OTLP/HTTP export / with Jaeger agent export",
-     ratio(throughput["host-real-otlp"], throughput["host-real"]), "", None, "{:.2f}"),
+     paired("host-real-otlp", "host-real"), "", None, "{:.2f}"),
     *[(f"throughput, host + real guest, {label} over OTLP / nothing exported",
-       ratio(throughput[name], throughput["host-real-no-export"]), ">= 0.9",
-       lambda v: v >= 0.9, "{:.2f}")
+       paired(name, "host-real-no-export"), ">= 0.9", lambda v: v >= 0.9, "{:.2f}")
       for name, label in (("host-real-otlp-traces", "spans"), ("host-real-otlp-metrics", "metrics"),
                           ("host-real-otlp-logs", "log records"),
                           ("host-real-otlp", "all three signals"))],
     ("GET /api/health p99, OTLP receiver that never answers / no export",
-     ratio(runs["host-real-otlp-silent"] and runs["host-real-otlp-silent"]["p99_us"],
-           runs["host-real-no-export"] and runs["host-real-no-export"]["p99_us"]),
+     paired("host-real-otlp-silent", "host-real-no-export", lambda run: run["p99_us"]),
      "<= 2.0", lambda v: v <= 2.0, "{:.2f}"),
     ("fib(30) in the guest (epoch deadline on) / native",
      fib["in_guest_ratio"] if fib else None, "<= 1.3", lambda v: v <= 1.3, "{:.2f}"),
@@ -228,10 +242,12 @@ machine = f"{os.cpu_count()} cores ({cpu}), {platform.system()} {platform.releas
 (root / "BENCHMARKS.md").write_text(f"""# Benchmarks
 
 Written by `make bench` (bench/run.sh, bench/report.py) from one run; every ratio compares
-contenders measured one after the other in that run. Throughput is measured in two rounds, in
-opposite orders, and each contender's better round is kept: a neighbour on a shared machine
-can only slow a run down. Absolute numbers move with the machine and its neighbours; the
-ratios are what to compare between runs. Beside each round's requests/s, the server's own CPU
+contenders measured one after the other in that run. Throughput is measured in {len(rounds("host-real")) or 'no'} rounds, in
+alternating orders. A throughput ratio is the median of its two contenders' ratios round by
+round, so each ratio compares measurements minutes apart at most, and a round that a neighbour
+on the shared machine slowed counts once, for both sides; a contender's own row is its median
+round. Absolute numbers move with the machine and its neighbours; the ratios are what to
+compare between runs. Beside each round's requests/s, the server's own CPU
 time (user and system, from `/proc`) divided by the requests it served: wrk shares the two
 cores, so requests/s also moves with wrk's share, and CPU per request moves less.
 
@@ -239,7 +255,7 @@ Machine: {machine}.
 
 ![requests/s per contender](bench/throughput.svg)
 
-## Throughput and latency (wrk -t2 -c32, GET /api/health, {os.environ.get('BENCH_SECONDS', '10')} s each, the better of two rounds)
+## Throughput and latency (wrk -t2 -c32, GET /api/health, {os.environ.get('BENCH_SECONDS', '10')} s each, the median round)
 
 {chr(10).join(contender_table)}
 

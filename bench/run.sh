@@ -43,8 +43,10 @@ if ! command -v wasmtime >/dev/null; then
   export PATH="$PWD/target/bench-venv:$PATH"
 fi
 rustup target add wasm32-wasip2 >/dev/null
-cargo build --release --target wasm32-wasip2 -p guest -p minimal-guest
-# Alone: built with the std guests, the wasi crate's features unify and std comes back in.
+# The no_std guests alone: built with a std guest, the wasi crate's features unify and std comes
+# back in.
+cargo build --release --target wasm32-wasip2 -p guest
+cargo build --release --target wasm32-wasip2 -p minimal-guest
 cargo build --release --target wasm32-wasip2 -p hello-nostd
 cargo build --release -p host -p baseline
 
@@ -187,16 +189,23 @@ measure() {
   kill "${PIDS[-1]}"; wait "${PIDS[-1]}" 2>/dev/null || true
 }
 
-# Two rounds in opposite orders; the report keeps each contender's better round, since a
-# neighbour on a shared machine can only slow a run down.
+# Rounds in alternating orders (forward, backward, forward, ...). The report compares two
+# contenders round by round, each ratio from measurements minutes apart at most, and keeps the
+# median of those ratios; a contender's own row is its median round.
+ROUNDS=${BENCH_ROUNDS:-3}
 CONTENDERS=(native-hyper host-minimal host-nostd host-real host-real-otlp host-real-otlp-traces
   host-real-otlp-metrics host-real-otlp-logs host-real-otlp-silent host-real-no-export
   wasmtime-serve-minimal wasmtime-serve-nostd)
-echo "== throughput (wrk -t2 -c$CONNECTIONS, ${SECONDS_PER_RUN}s each, GET /api/health, two rounds)"
+echo "== throughput (wrk -t2 -c$CONNECTIONS, ${SECONDS_PER_RUN}s each, GET /api/health, $ROUNDS rounds)"
 command -v wasmtime >/dev/null ||
   echo "  wasmtime serve: skipped, no wasmtime CLI (cargo install wasmtime-cli --version 48.0.8 --locked)"
-for contender in "${CONTENDERS[@]}"; do measure "$contender"; done
-for ((i = ${#CONTENDERS[@]} - 1; i >= 0; i--)); do measure "${CONTENDERS[i]}"; done
+for ((round = 0; round < ROUNDS; round++)); do
+  if ((round % 2 == 0)); then
+    for contender in "${CONTENDERS[@]}"; do measure "$contender"; done
+  else
+    for ((i = ${#CONTENDERS[@]} - 1; i >= 0; i--)); do measure "${CONTENDERS[i]}"; done
+  fi
+done
 
 start_host 18083 "$WASM/guest.wasm"; HOST_PID=${PIDS[-1]}
 echo "== GET /api/health latency while two clients keep both cores busy with n=32 computes"
