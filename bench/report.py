@@ -4,6 +4,7 @@ Usage: report.py RESULTS_DIR. Reads the JSON lines bench/run.sh stored there and
 estimates; prints the table; writes BENCHMARKS.md and bench/throughput.svg.
 """
 import json
+import math
 import os
 import platform
 import sys
@@ -45,9 +46,14 @@ def read(name):
 
 
 def paired(a, b, measure=rps):
-    """`measure` of contender a over that of b, round by round; the median of those ratios."""
-    pairs = [(x, y) for x, y in zip(rounds(a), rounds(b)) if measure(x) and measure(y)]
-    return median([measure(x) / measure(y) for x, y in pairs]) if pairs else None
+    """`measure` of contender a over that of b, round by round. A forward round and the backward
+    one after it (rounds 1 and 2, 3 and 4, ...) are averaged, geometrically, so a drift within a
+    round favours neither side; the median over those pairs (a last round alone counts alone)."""
+    ratios = [measure(x) / measure(y) if measure(x) and measure(y) else None
+              for x, y in zip(rounds(a), rounds(b))]
+    pairs = [ratios[i:i + 2] for i in range(0, len(ratios), 2)]
+    means = [math.prod(pair) ** (1 / len(pair)) for pair in pairs if None not in pair]
+    return median(means) if means else None
 
 
 def criterion_ns(group, bench):
@@ -243,10 +249,11 @@ machine = f"{os.cpu_count()} cores ({cpu}), {platform.system()} {platform.releas
 
 Written by `make bench` (bench/run.sh, bench/report.py) from one run; every ratio compares
 contenders measured one after the other in that run. Throughput is measured in {len(rounds("host-real")) or 'no'} rounds, in
-alternating orders. A throughput ratio is the median of its two contenders' ratios round by
-round, so each ratio compares measurements minutes apart at most, and a round that a neighbour
-on the shared machine slowed counts once, for both sides; a contender's own row is its median
-round. Absolute numbers move with the machine and its neighbours; the ratios are what to
+alternating orders. A throughput ratio is taken round by round, so it compares measurements
+minutes apart at most; each forward round is averaged with the backward one after it, so a
+drift within a round favours neither contender, and the ratio is the median over those pairs.
+A round that a neighbour on the shared machine slowed counts once, for both sides. A
+contender's own row is its median round (of an even number, the slower middle one). Absolute numbers move with the machine and its neighbours; the ratios are what to
 compare between runs. Beside each round's requests/s, the server's own CPU
 time (user and system, from `/proc`) divided by the requests it served: wrk shares the two
 cores, so requests/s also moves with wrk's share, and CPU per request moves less.

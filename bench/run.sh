@@ -190,9 +190,11 @@ measure() {
 }
 
 # Rounds in alternating orders (forward, backward, forward, ...). The report compares two
-# contenders round by round, each ratio from measurements minutes apart at most, and keeps the
-# median of those ratios; a contender's own row is its median round.
-ROUNDS=${BENCH_ROUNDS:-3}
+# contenders round by round, each ratio from measurements minutes apart at most, averages each
+# forward round with the backward one after it (a drift within a round then favours neither
+# contender) and keeps the median over those pairs; a contender's own row is its median round.
+ROUNDS=${BENCH_ROUNDS:-4}
+((ROUNDS >= 1)) || ROUNDS=1
 CONTENDERS=(native-hyper host-minimal host-nostd host-real host-real-otlp host-real-otlp-traces
   host-real-otlp-metrics host-real-otlp-logs host-real-otlp-silent host-real-no-export
   wasmtime-serve-minimal wasmtime-serve-nostd)

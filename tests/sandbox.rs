@@ -387,3 +387,31 @@ fn the_service_guest_imports_nothing_but_http_its_streams_a_clock_and_the_servic
         .collect();
     assert!(others.is_empty(), "unexpected imports: {others:?}");
 }
+
+/// The real guest's allocator traps when the host refuses it memory, as `std`'s did: the
+/// request is the guest's own 500, and no panic is made of it (no "guest panicked" line).
+#[tokio::test]
+async fn the_real_guest_out_of_its_memory_is_a_500_and_no_panic_line() {
+    let host = Host::builder().env(&[("GUEST_MEMORY_MB", "1")]).start();
+    let name = "x".repeat(900 * 1024);
+    let response = client()
+        .post(host.url("/api/users"))
+        .header("content-type", "application/json")
+        .header("x-request-id", "out-of-memory")
+        .body(format!(r#"{{"name":"{name}","email":"a@example.com"}}"#))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status().as_u16(), 500);
+    // The host's line comes after any line of the guest's, from the same writer.
+    let ours = |line: &serde_json::Value| line["request_id"] == "out-of-memory";
+    host.wait_for_log(|line| ours(line) && line["message"] == "request failed");
+    let panics = host.log_lines_where(|line| {
+        ours(line)
+            && line["message"]
+                .as_str()
+                .unwrap_or_default()
+                .contains("panicked")
+    });
+    assert!(panics.is_empty(), "{panics:#?}");
+}

@@ -6,6 +6,7 @@
 use alloc::format;
 use alloc::string::{String, ToString};
 use alloc::vec::Vec;
+use core::alloc::{GlobalAlloc, Layout};
 use core::sync::atomic::{AtomicBool, Ordering};
 
 use wasi::http::types::{
@@ -47,12 +48,46 @@ struct Component;
 
 export!(Component);
 
-/// Rust's own wasm allocator: `std`'s (wasi-libc's malloc) is not linked in a `no_std` guest.
+/// Rust's own wasm allocator (`std`'s, wasi-libc's malloc, is not linked in a `no_std` guest),
+/// trapping where it would fail: the memory the host refuses (the instance's limit, the
+/// host-wide budget) ends the instance at once, as `std`'s handler did, and the host answers 503
+/// or 500 and says why. Without the trap `alloc` would make a panic of it, and an ERROR line.
 #[global_allocator]
-static ALLOCATOR: dlmalloc::GlobalDlmalloc = dlmalloc::GlobalDlmalloc;
+static ALLOCATOR: TrapWhenExhausted = TrapWhenExhausted(dlmalloc::GlobalDlmalloc);
+
+/// A global allocator that traps instead of returning null.
+struct TrapWhenExhausted(dlmalloc::GlobalDlmalloc);
+
+// SAFETY: every call goes to dlmalloc's `GlobalAlloc` as it came; a null result is never
+// returned, the instance traps instead.
+unsafe impl GlobalAlloc for TrapWhenExhausted {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        granted(unsafe { self.0.alloc(layout) })
+    }
+
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        granted(unsafe { self.0.alloc_zeroed(layout) })
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        unsafe { self.0.dealloc(ptr, layout) }
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        granted(unsafe { self.0.realloc(ptr, layout, new_size) })
+    }
+}
+
+fn granted(ptr: *mut u8) -> *mut u8 {
+    if ptr.is_null() {
+        core::arch::wasm32::unreachable()
+    }
+    ptr
+}
 
 /// The canonical ABI's allocator, through which the host places the request's strings and lists
-/// in the guest's memory; wasi-libc provides it where `std` is linked.
+/// in the guest's memory; wasi-libc provides it where `std` is linked. A size or alignment no
+/// `Layout` can hold traps.
 #[unsafe(no_mangle)]
 unsafe extern "C" fn cabi_realloc(
     old_ptr: *mut u8,
@@ -60,29 +95,25 @@ unsafe extern "C" fn cabi_realloc(
     align: usize,
     new_len: usize,
 ) -> *mut u8 {
-    use alloc::alloc::{Layout, alloc, realloc};
-    if new_len == 0 {
-        return align as *mut u8;
-    }
-    // SAFETY: the canonical ABI gives back a pointer this function returned, with the size and
-    // alignment it was returned for, or a zero size for a fresh allocation; `align` is a power
-    // of two and `new_len` non-zero.
-    let ptr = unsafe {
-        if old_len == 0 {
-            alloc(Layout::from_size_align_unchecked(new_len, align))
-        } else {
-            realloc(
-                old_ptr,
-                Layout::from_size_align_unchecked(old_len, align),
-                new_len,
-            )
-        }
+    let layout = |size| {
+        Layout::from_size_align(size, align).unwrap_or_else(|_| core::arch::wasm32::unreachable())
     };
-    if ptr.is_null() {
-        // Out of memory: the instance traps, and the host answers 503 or 500.
-        core::arch::wasm32::unreachable()
+    // SAFETY: the canonical ABI gives back only a pointer this function returned, with the size
+    // and alignment it was returned for; a zero size is never allocated.
+    unsafe {
+        match (old_len, new_len) {
+            (0, 0) => align as *mut u8,
+            (0, _) => alloc::alloc::alloc(layout(new_len)),
+            (_, 0) => {
+                alloc::alloc::dealloc(old_ptr, layout(old_len));
+                align as *mut u8
+            }
+            (_, _) => {
+                let new = layout(new_len);
+                alloc::alloc::realloc(old_ptr, layout(old_len), new.size())
+            }
+        }
     }
-    ptr
 }
 
 // `memcmp` (comparing slices and strings) from wasi-libc, which the target ships and `std` would
@@ -92,7 +123,7 @@ unsafe extern "C" {}
 
 /// A panic is a bug in the guest. The instance has no stderr worth writing to (the host gives it
 /// none), so the message goes to the host's log as an ERROR line of the request, and the
-/// instance traps: the host answers 500.
+/// instance traps: the host answers 500, or cuts the response short if its head has gone.
 #[panic_handler]
 fn panic(info: &core::panic::PanicInfo<'_>) -> ! {
     // A panic while reporting one (the message could not be allocated) traps at once.
