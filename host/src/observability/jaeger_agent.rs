@@ -5,8 +5,10 @@
 //! The exporter of the host's own: the OpenTelemetry project's Jaeger exporter is retired (the
 //! specification deprecates it in favour of OTLP, which Jaeger takes too), but the agent's UDP
 //! port is what the contract names. The names, types and field ids below are those of Jaeger's
-//! `jaeger.thrift` and `agent.thrift`; the `thrift` crate writes the protocol.
+//! `jaeger.thrift` and `agent.thrift`; [`thrift_compact`](super::thrift_compact) writes the
+//! protocol.
 
+use std::borrow::Cow;
 use std::net::{SocketAddr, ToSocketAddrs, UdpSocket};
 use std::sync::atomic::{AtomicI32, Ordering};
 use std::time::{Duration, SystemTime};
@@ -16,10 +18,8 @@ use opentelemetry::{Key, Value};
 use opentelemetry_sdk::Resource;
 use opentelemetry_sdk::error::{OTelSdkError, OTelSdkResult};
 use opentelemetry_sdk::trace::{SpanData, SpanExporter};
-use thrift::protocol::{
-    TCompactOutputProtocol, TFieldIdentifier, TListIdentifier, TMessageIdentifier, TMessageType,
-    TOutputProtocol, TStructIdentifier, TType,
-};
+
+use crate::observability::thrift_compact::{CompactType, CompactWriter};
 
 /// The largest datagram the agent reads (its default `--processor.jaeger-compact.server-max-packet-size`).
 pub const MAX_DATAGRAM_BYTES: usize = 65_000;
@@ -74,10 +74,7 @@ impl AgentExporter {
         socket.connect(agent)?;
         // A send never waits for long: a full socket buffer loses the datagram, as UDP may.
         socket.set_write_timeout(Some(Duration::from_millis(100)))?;
-        let process = encode(|protocol| {
-            write_process(protocol, &service_name, &Resource::builder_empty().build())
-        })
-        .map_err(std::io::Error::other)?;
+        let process = encode_process(&service_name, &Resource::builder_empty().build());
         Ok(AgentExporter {
             socket,
             service_name,
@@ -96,7 +93,7 @@ impl AgentExporter {
         let mut bytes = 0;
         let mut oversized = 0;
         for span in batch {
-            let encoded = encode(|protocol| write_span(protocol, span))?;
+            let encoded = encode_span(span);
             if call_bytes(process, bytes + encoded.len()) > self.max_datagram && !spans.is_empty() {
                 self.emit(process, &spans)?;
                 spans.clear();
@@ -123,7 +120,7 @@ impl AgentExporter {
     /// One `emitBatch` call of `spans`, already encoded, in one datagram.
     fn emit(&self, process: &[u8], spans: &[Vec<u8>]) -> OTelSdkResult {
         let sequence = self.calls.fetch_add(1, Ordering::Relaxed).wrapping_add(1);
-        let mut datagram = call_head(sequence, process, spans.len())?;
+        let mut datagram = call_head(sequence, process, spans.len());
         for span in spans {
             datagram.extend_from_slice(span);
         }
@@ -141,11 +138,7 @@ impl SpanExporter for AgentExporter {
     }
 
     fn set_resource(&mut self, resource: &Resource) {
-        if let Ok(process) =
-            encode(|protocol| write_process(protocol, &self.service_name, resource))
-        {
-            self.process = process;
-        }
+        self.process = encode_process(&self.service_name, resource);
     }
 }
 
@@ -162,185 +155,126 @@ fn call_bytes(process: &[u8], span_bytes: usize) -> usize {
     CALL_FRAMING_BYTES + process.len() + span_bytes
 }
 
-/// What `write` writes, as bytes.
-fn encode(
-    write: impl FnOnce(&mut TCompactOutputProtocol<&mut Vec<u8>>) -> thrift::Result<()>,
-) -> Result<Vec<u8>, OTelSdkError> {
-    let mut bytes = Vec::new();
-    write(&mut TCompactOutputProtocol::new(&mut bytes))
-        .map_err(|error| OTelSdkError::InternalFailure(format!("Thrift encoding: {error}")))?;
-    Ok(bytes)
-}
+/// Bytes set aside for one encoded span: a request's span takes about this many, so it is
+/// written without growing the buffer again and again.
+const SPAN_CAPACITY: usize = 512;
 
 /// An `emitBatch` call up to its first span: the message head, the argument `batch` (field 1),
 /// its `process` (field 1), and the head of its `spans` list (field 2) of `count`.
-fn call_head(sequence: i32, process: &[u8], count: usize) -> Result<Vec<u8>, OTelSdkError> {
-    let mut head = encode(|protocol| {
-        protocol.write_message_begin(&TMessageIdentifier::new(
-            "emitBatch",
-            TMessageType::OneWay,
-            sequence,
-        ))?;
-        protocol.write_struct_begin(&TStructIdentifier::new("Agent_emitBatch_args"))?;
-        protocol.write_field_begin(&TFieldIdentifier::new("batch", TType::Struct, 1))?;
-        protocol.write_struct_begin(&TStructIdentifier::new("Batch"))?;
-        protocol.write_field_begin(&TFieldIdentifier::new("process", TType::Struct, 1))
-    })?;
-    head.extend_from_slice(process);
-    // The list's field head continues the field ids of `Batch`: written by a protocol that has
-    // seen field 1, so its delta is right.
-    let list = encode(|protocol| {
-        protocol.write_struct_begin(&TStructIdentifier::new("Batch"))?;
-        protocol.write_field_begin(&TFieldIdentifier::new("process", TType::Struct, 1))?;
-        protocol.write_field_end()?;
-        protocol.write_field_begin(&TFieldIdentifier::new("spans", TType::List, 2))?;
-        let count = i32::try_from(count).unwrap_or(i32::MAX);
-        protocol.write_list_begin(&TListIdentifier::new(TType::Struct, count))
-    })?;
-    // The field head of `process` (one byte: delta 1, type struct) came first in `list`.
-    head.extend_from_slice(&list[1..]);
-    Ok(head)
+fn call_head(sequence: i32, process: &[u8], count: usize) -> Vec<u8> {
+    let mut head = CompactWriter::with_capacity(CALL_FRAMING_BYTES + process.len());
+    head.one_way_message("emitBatch", sequence);
+    head.struct_begin("Agent_emitBatch_args");
+    head.struct_field("batch", 1);
+    head.encoded_struct_field("process", 1, process);
+    head.list_field("spans", 2, CompactType::Struct, count);
+    head.into_bytes()
 }
 
 /// Jaeger's `Process`: the service's name and the resource's other attributes.
-fn write_process(
-    protocol: &mut impl TOutputProtocol,
-    service_name: &str,
-    resource: &Resource,
-) -> thrift::Result<()> {
-    protocol.write_struct_begin(&TStructIdentifier::new("Process"))?;
-    write_string_field(protocol, "serviceName", 1, service_name)?;
+fn encode_process(service_name: &str, resource: &Resource) -> Vec<u8> {
+    let mut process = CompactWriter::default();
+    process.struct_begin("Process");
+    process.string_field("serviceName", 1, service_name);
     let tags: Vec<(&Key, &Value)> = resource
         .iter()
         .filter(|(key, _)| key.as_str() != "service.name")
         .collect();
-    protocol.write_field_begin(&TFieldIdentifier::new("tags", TType::List, 2))?;
-    protocol.write_list_begin(&TListIdentifier::new(TType::Struct, tags.len() as i32 + 1))?;
+    process.list_field("tags", 2, CompactType::Struct, tags.len() + 1);
     for (key, value) in tags {
-        write_tag(protocol, key.as_str(), value)?;
+        write_tag(&mut process, key.as_str(), value);
     }
     write_tag(
-        protocol,
+        &mut process,
         "service.name",
         &Value::from(service_name.to_string()),
-    )?;
-    protocol.write_list_end()?;
-    protocol.write_field_end()?;
-    protocol.write_field_stop()?;
-    protocol.write_struct_end()
+    );
+    process.struct_end();
+    process.into_bytes()
 }
 
 /// Jaeger's `Span`: the ids, the name, links as references, the times in microseconds, the
 /// attributes, kind and status as tags, and events as logs.
-fn write_span(protocol: &mut impl TOutputProtocol, span: &SpanData) -> thrift::Result<()> {
+fn encode_span(span: &SpanData) -> Vec<u8> {
+    let mut out = CompactWriter::with_capacity(SPAN_CAPACITY);
     let context = &span.span_context;
     let (trace_high, trace_low) = split_trace_id(context.trace_id().to_bytes());
-    protocol.write_struct_begin(&TStructIdentifier::new("Span"))?;
-    write_i64_field(protocol, "traceIdLow", 1, trace_low)?;
-    write_i64_field(protocol, "traceIdHigh", 2, trace_high)?;
-    write_i64_field(
-        protocol,
+    out.struct_begin("Span");
+    out.i64_field("traceIdLow", 1, trace_low);
+    out.i64_field("traceIdHigh", 2, trace_high);
+    out.i64_field(
         "spanId",
         3,
         i64::from_be_bytes(context.span_id().to_bytes()),
-    )?;
+    );
     let parent = i64::from_be_bytes(span.parent_span_id.to_bytes());
-    write_i64_field(protocol, "parentSpanId", 4, parent)?;
-    write_string_field(protocol, "operationName", 5, &span.name)?;
+    out.i64_field("parentSpanId", 4, parent);
+    out.string_field("operationName", 5, &span.name);
     if !span.links.is_empty() {
-        protocol.write_field_begin(&TFieldIdentifier::new("references", TType::List, 6))?;
-        protocol.write_list_begin(&TListIdentifier::new(
-            TType::Struct,
-            span.links.len() as i32,
-        ))?;
+        out.list_field("references", 6, CompactType::Struct, span.links.len());
         for link in span.links.iter() {
             let (high, low) = split_trace_id(link.span_context.trace_id().to_bytes());
-            protocol.write_struct_begin(&TStructIdentifier::new("SpanRef"))?;
-            write_i32_field(protocol, "refType", 1, FOLLOWS_FROM)?;
-            write_i64_field(protocol, "traceIdLow", 2, low)?;
-            write_i64_field(protocol, "traceIdHigh", 3, high)?;
+            out.struct_begin("SpanRef");
+            out.i32_field("refType", 1, FOLLOWS_FROM);
+            out.i64_field("traceIdLow", 2, low);
+            out.i64_field("traceIdHigh", 3, high);
             let span_id = i64::from_be_bytes(link.span_context.span_id().to_bytes());
-            write_i64_field(protocol, "spanId", 4, span_id)?;
-            protocol.write_field_stop()?;
-            protocol.write_struct_end()?;
+            out.i64_field("spanId", 4, span_id);
+            out.struct_end();
         }
-        protocol.write_list_end()?;
-        protocol.write_field_end()?;
     }
-    write_i32_field(
-        protocol,
-        "flags",
-        7,
-        i32::from(context.trace_flags().to_u8()),
-    )?;
-    write_i64_field(
-        protocol,
-        "startTime",
-        8,
-        micros_since_epoch(span.start_time),
-    )?;
+    out.i32_field("flags", 7, i32::from(context.trace_flags().to_u8()));
+    out.i64_field("startTime", 8, micros_since_epoch(span.start_time));
     let duration = span
         .end_time
         .duration_since(span.start_time)
         .unwrap_or_default();
-    write_i64_field(protocol, "duration", 9, duration.as_micros() as i64)?;
+    out.i64_field("duration", 9, duration.as_micros() as i64);
     let tags = span_tags(span);
-    protocol.write_field_begin(&TFieldIdentifier::new("tags", TType::List, 10))?;
-    protocol.write_list_begin(&TListIdentifier::new(TType::Struct, tags.len() as i32))?;
+    out.list_field("tags", 10, CompactType::Struct, tags.len());
     for (key, value) in &tags {
-        write_tag(protocol, key, value)?;
+        write_tag(&mut out, key, value);
     }
-    protocol.write_list_end()?;
-    protocol.write_field_end()?;
     if !span.events.is_empty() {
-        protocol.write_field_begin(&TFieldIdentifier::new("logs", TType::List, 11))?;
-        protocol.write_list_begin(&TListIdentifier::new(
-            TType::Struct,
-            span.events.len() as i32,
-        ))?;
+        out.list_field("logs", 11, CompactType::Struct, span.events.len());
         for event in span.events.iter() {
-            protocol.write_struct_begin(&TStructIdentifier::new("Log"))?;
-            write_i64_field(
-                protocol,
-                "timestamp",
-                1,
-                micros_since_epoch(event.timestamp),
-            )?;
-            protocol.write_field_begin(&TFieldIdentifier::new("fields", TType::List, 2))?;
-            let count = event.attributes.len() as i32 + 1;
-            protocol.write_list_begin(&TListIdentifier::new(TType::Struct, count))?;
-            write_tag(protocol, "event", &Value::from(event.name.to_string()))?;
+            out.struct_begin("Log");
+            out.i64_field("timestamp", 1, micros_since_epoch(event.timestamp));
+            out.list_field("fields", 2, CompactType::Struct, event.attributes.len() + 1);
+            write_tag(&mut out, "event", &Value::from(event.name.clone()));
             for attribute in &event.attributes {
-                write_tag(protocol, attribute.key.as_str(), &attribute.value)?;
+                write_tag(&mut out, attribute.key.as_str(), &attribute.value);
             }
-            protocol.write_list_end()?;
-            protocol.write_field_end()?;
-            protocol.write_field_stop()?;
-            protocol.write_struct_end()?;
+            out.struct_end();
         }
-        protocol.write_list_end()?;
-        protocol.write_field_end()?;
     }
-    protocol.write_field_stop()?;
-    protocol.write_struct_end()
+    out.struct_end();
+    out.into_bytes()
 }
 
 /// The span's attributes, then what Jaeger shows of its kind and status (`span.kind`, `error`,
 /// `otel.status_code`, `otel.status_description`) and, for a span not of the host's own tracer
 /// (a guest's, through `wasi:otel`), of its scope (`otel.scope.name`, `otel.scope.version`),
 /// unless an attribute already says so.
-fn span_tags(span: &SpanData) -> Vec<(&str, Value)> {
-    let mut tags: Vec<(&str, Value)> = span
+fn span_tags(span: &SpanData) -> Vec<(&str, Cow<'_, Value>)> {
+    let mut tags: Vec<(&str, Cow<'_, Value>)> = span
         .attributes
         .iter()
-        .map(|attribute| (attribute.key.as_str(), attribute.value.clone()))
+        .map(|attribute| (attribute.key.as_str(), Cow::Borrowed(&attribute.value)))
         .collect();
-    let has = |tags: &[(&str, Value)], name: &str| tags.iter().any(|(key, _)| *key == name);
+    let has =
+        |tags: &[(&str, Cow<'_, Value>)], name: &str| tags.iter().any(|(key, _)| *key == name);
     let scope = &span.instrumentation_scope;
     if !scope.name().is_empty() && scope.name() != HOST_TRACER && !has(&tags, "otel.scope.name") {
-        tags.push(("otel.scope.name", Value::from(scope.name().to_string())));
+        tags.push((
+            "otel.scope.name",
+            Cow::Owned(Value::from(scope.name().to_string())),
+        ));
         if let Some(version) = scope.version() {
-            tags.push(("otel.scope.version", Value::from(version.to_string())));
+            tags.push((
+                "otel.scope.version",
+                Cow::Owned(Value::from(version.to_string())),
+            ));
         }
     }
     let kind = match span.span_kind {
@@ -353,26 +287,26 @@ fn span_tags(span: &SpanData) -> Vec<(&str, Value)> {
     if let Some(kind) = kind
         && !has(&tags, "span.kind")
     {
-        tags.push(("span.kind", Value::from(kind)));
+        tags.push(("span.kind", Cow::Owned(Value::from(kind))));
     }
     match &span.status {
         Status::Unset => {}
         Status::Ok => {
             if !has(&tags, "otel.status_code") {
-                tags.push(("otel.status_code", Value::from("OK")));
+                tags.push(("otel.status_code", Cow::Owned(Value::from("OK"))));
             }
         }
         Status::Error { description } => {
             if !has(&tags, "error") {
-                tags.push(("error", Value::Bool(true)));
+                tags.push(("error", Cow::Owned(Value::Bool(true))));
             }
             if !has(&tags, "otel.status_code") {
-                tags.push(("otel.status_code", Value::from("ERROR")));
+                tags.push(("otel.status_code", Cow::Owned(Value::from("ERROR"))));
             }
             if !description.is_empty() && !has(&tags, "otel.status_description") {
                 tags.push((
                     "otel.status_description",
-                    Value::from(description.to_string()),
+                    Cow::Owned(Value::from(description.to_string())),
                 ));
             }
         }
@@ -381,71 +315,33 @@ fn span_tags(span: &SpanData) -> Vec<(&str, Value)> {
 }
 
 /// Jaeger's `Tag`: a key and one typed value.
-fn write_tag(protocol: &mut impl TOutputProtocol, key: &str, value: &Value) -> thrift::Result<()> {
-    protocol.write_struct_begin(&TStructIdentifier::new("Tag"))?;
-    write_string_field(protocol, "key", 1, key)?;
+fn write_tag(out: &mut CompactWriter, key: &str, value: &Value) {
+    out.struct_begin("Tag");
+    out.string_field("key", 1, key);
     match value {
         Value::Bool(flag) => {
-            write_i32_field(protocol, "vType", 2, TagType::Bool as i32)?;
-            protocol.write_field_begin(&TFieldIdentifier::new("vBool", TType::Bool, 5))?;
-            protocol.write_bool(*flag)?;
-            protocol.write_field_end()?;
+            out.i32_field("vType", 2, TagType::Bool as i32);
+            out.bool_field("vBool", 5, *flag);
         }
         Value::I64(number) => {
-            write_i32_field(protocol, "vType", 2, TagType::Long as i32)?;
-            write_i64_field(protocol, "vLong", 6, *number)?;
+            out.i32_field("vType", 2, TagType::Long as i32);
+            out.i64_field("vLong", 6, *number);
         }
         Value::F64(number) => {
-            write_i32_field(protocol, "vType", 2, TagType::Double as i32)?;
-            protocol.write_field_begin(&TFieldIdentifier::new("vDouble", TType::Double, 4))?;
-            protocol.write_double(*number)?;
-            protocol.write_field_end()?;
+            out.i32_field("vType", 2, TagType::Double as i32);
+            out.double_field("vDouble", 4, *number);
         }
         Value::String(text) => {
-            write_i32_field(protocol, "vType", 2, TagType::String as i32)?;
-            write_string_field(protocol, "vStr", 3, text.as_str())?;
+            out.i32_field("vType", 2, TagType::String as i32);
+            out.string_field("vStr", 3, text.as_str());
         }
         // An array, or a kind of value a later release adds, is written as its text.
         other => {
-            write_i32_field(protocol, "vType", 2, TagType::String as i32)?;
-            write_string_field(protocol, "vStr", 3, &other.to_string())?;
+            out.i32_field("vType", 2, TagType::String as i32);
+            out.string_field("vStr", 3, &other.to_string());
         }
     }
-    protocol.write_field_stop()?;
-    protocol.write_struct_end()
-}
-
-fn write_string_field(
-    protocol: &mut impl TOutputProtocol,
-    name: &str,
-    id: i16,
-    value: &str,
-) -> thrift::Result<()> {
-    protocol.write_field_begin(&TFieldIdentifier::new(name, TType::String, id))?;
-    protocol.write_string(value)?;
-    protocol.write_field_end()
-}
-
-fn write_i64_field(
-    protocol: &mut impl TOutputProtocol,
-    name: &str,
-    id: i16,
-    value: i64,
-) -> thrift::Result<()> {
-    protocol.write_field_begin(&TFieldIdentifier::new(name, TType::I64, id))?;
-    protocol.write_i64(value)?;
-    protocol.write_field_end()
-}
-
-fn write_i32_field(
-    protocol: &mut impl TOutputProtocol,
-    name: &str,
-    id: i16,
-    value: i32,
-) -> thrift::Result<()> {
-    protocol.write_field_begin(&TFieldIdentifier::new(name, TType::I32, id))?;
-    protocol.write_i32(value)?;
-    protocol.write_field_end()
+    out.struct_end();
 }
 
 /// A 128-bit trace id as Jaeger's two halves, high then low, each a signed 64-bit number.
@@ -472,7 +368,7 @@ mod tests {
     use opentelemetry::trace::{SpanContext, SpanId, TraceFlags, TraceId, TraceState};
     use opentelemetry::{InstrumentationScope, KeyValue};
     use opentelemetry_sdk::trace::{SpanEvents, SpanLinks};
-    use thrift::protocol::{TCompactInputProtocol, TInputProtocol};
+    use thrift::protocol::{TCompactInputProtocol, TInputProtocol, TMessageType, TType};
 
     use super::*;
 
@@ -599,9 +495,9 @@ mod tests {
         let named = |name: &str| tags.iter().filter(|(key, _)| *key == name).count();
         assert_eq!(named("span.kind"), 1);
         assert_eq!(named("error"), 1);
-        assert!(tags.contains(&("error", Value::Bool(false))));
-        assert!(tags.contains(&("otel.status_code", Value::from("ERROR"))));
-        assert!(tags.contains(&("otel.status_description", Value::from("failed"))));
+        assert!(tags.contains(&("error", Cow::Owned(Value::Bool(false)))));
+        assert!(tags.contains(&("otel.status_code", Cow::Owned(Value::from("ERROR")))));
+        assert!(tags.contains(&("otel.status_description", Cow::Owned(Value::from("failed")))));
     }
 
     #[test]
