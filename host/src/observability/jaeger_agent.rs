@@ -365,7 +365,7 @@ mod tests {
 
     use std::pin::pin;
 
-    use opentelemetry::trace::{SpanContext, SpanId, TraceFlags, TraceId, TraceState};
+    use opentelemetry::trace::{Event, Link, SpanContext, SpanId, TraceFlags, TraceId, TraceState};
     use opentelemetry::{InstrumentationScope, KeyValue};
     use opentelemetry_sdk::trace::{SpanEvents, SpanLinks};
     use thrift::protocol::{TCompactInputProtocol, TInputProtocol, TMessageType, TType};
@@ -472,6 +472,122 @@ mod tests {
         let calls = received(&agent, 8 * 1024);
         assert!(calls.len() >= 13, "{} calls", calls.len());
         assert_eq!(calls.iter().map(|(_, _, spans)| spans).sum::<usize>(), 100);
+    }
+
+    /// A tag read back: its key, its `vType`, and its value as text.
+    fn read_tag(protocol: &mut dyn TInputProtocol) -> (String, i32, String) {
+        let (mut key, mut kind, mut value) = (String::new(), -1, String::new());
+        protocol.read_struct_begin().unwrap();
+        loop {
+            let field = protocol.read_field_begin().unwrap();
+            match field.id {
+                None => break,
+                Some(1) => key = protocol.read_string().unwrap(),
+                Some(2) => kind = protocol.read_i32().unwrap(),
+                Some(3) => value = protocol.read_string().unwrap(),
+                Some(4) => value = protocol.read_double().unwrap().to_string(),
+                Some(5) => value = protocol.read_bool().unwrap().to_string(),
+                Some(6) => value = protocol.read_i64().unwrap().to_string(),
+                Some(id) => panic!("a tag has no field {id}"),
+            }
+            protocol.read_field_end().unwrap();
+        }
+        protocol.read_struct_end().unwrap();
+        (key, kind, value)
+    }
+
+    /// The elements of a list of structs, each read by `element`.
+    fn read_structs<T>(
+        protocol: &mut dyn TInputProtocol,
+        mut element: impl FnMut(&mut dyn TInputProtocol) -> T,
+    ) -> Vec<T> {
+        let list = protocol.read_list_begin().unwrap();
+        assert_eq!(list.element_type, TType::Struct);
+        let elements = (0..list.size).map(|_| element(&mut *protocol)).collect();
+        protocol.read_list_end().unwrap();
+        elements
+    }
+
+    #[test]
+    fn a_span_with_a_link_an_event_and_every_kind_of_tag_reads_back_whole() {
+        let mut span = span(
+            9,
+            vec![
+                KeyValue::new("flag", true),
+                KeyValue::new("ratio", 0.25),
+                KeyValue::new("count", -3),
+                KeyValue::new("text", "x"),
+                KeyValue::new("list", Value::Array(vec![1_i64, 2].into())),
+            ],
+        );
+        span.links
+            .links
+            .push(Link::with_context(span.span_context.clone()));
+        span.events.events.push(Event::new(
+            "ready",
+            SystemTime::now(),
+            vec![KeyValue::new("n", 1)],
+            0,
+        ));
+        let bytes = encode_span(&span);
+        let mut rest: &[u8] = &bytes;
+        let mut protocol = TCompactInputProtocol::new(&mut rest);
+        let (mut ids, mut tags, mut references, mut logs) = (vec![], vec![], vec![], vec![]);
+        protocol.read_struct_begin().unwrap();
+        loop {
+            let field = protocol.read_field_begin().unwrap();
+            let Some(id) = field.id else { break };
+            ids.push(id);
+            match id {
+                5 => assert_eq!(protocol.read_string().unwrap(), "HTTP GET /api/health"),
+                6 => {
+                    references = read_structs(&mut protocol, |reference| {
+                        reference.skip(TType::Struct).unwrap()
+                    })
+                }
+                10 => tags = read_structs(&mut protocol, |tag| read_tag(tag)),
+                11 => {
+                    logs = read_structs(&mut protocol, |log| {
+                        log.read_struct_begin().unwrap();
+                        assert_eq!(log.read_field_begin().unwrap().id, Some(1));
+                        log.read_i64().unwrap();
+                        assert_eq!(log.read_field_begin().unwrap().id, Some(2));
+                        let fields = read_structs(log, |tag| read_tag(tag));
+                        assert_eq!(log.read_field_begin().unwrap().field_type, TType::Stop);
+                        log.read_struct_end().unwrap();
+                        fields
+                    })
+                }
+                _ => protocol.skip(field.field_type).unwrap(),
+            }
+            protocol.read_field_end().unwrap();
+        }
+        protocol.read_struct_end().unwrap();
+        drop(protocol);
+        assert!(rest.is_empty(), "{} bytes after the span", rest.len());
+        assert_eq!(ids, (1..=11).collect::<Vec<i16>>());
+        assert_eq!(references.len(), 1);
+        let tag = |key: &str, kind: TagType, value: &str| {
+            (key.to_string(), kind as i32, value.to_string())
+        };
+        for expected in [
+            tag("flag", TagType::Bool, "true"),
+            tag("ratio", TagType::Double, "0.25"),
+            tag("count", TagType::Long, "-3"),
+            tag("text", TagType::String, "x"),
+            tag("list", TagType::String, "[1,2]"),
+            tag("span.kind", TagType::String, "server"),
+            tag("otel.status_code", TagType::String, "ERROR"),
+        ] {
+            assert!(tags.contains(&expected), "{expected:?} not in {tags:?}");
+        }
+        assert_eq!(
+            logs,
+            vec![vec![
+                tag("event", TagType::String, "ready"),
+                tag("n", TagType::Long, "1"),
+            ]]
+        );
     }
 
     #[test]
