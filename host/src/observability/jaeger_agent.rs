@@ -121,6 +121,7 @@ impl AgentExporter {
     fn emit(&self, process: &[u8], spans: &[Vec<u8>]) -> OTelSdkResult {
         let sequence = self.calls.fetch_add(1, Ordering::Relaxed).wrapping_add(1);
         let mut datagram = call_head(sequence, process, spans.len());
+        datagram.reserve(spans.iter().map(Vec::len).sum::<usize>() + CALL_END.len());
         for span in spans {
             datagram.extend_from_slice(span);
         }
@@ -420,7 +421,8 @@ mod tests {
         let mut calls = Vec::new();
         let mut buffer = vec![0; 70_000];
         while let Ok(size) = agent.recv(&mut buffer) {
-            let mut protocol = TCompactInputProtocol::new(&buffer[..size]);
+            let mut rest = &buffer[..size];
+            let mut protocol = TCompactInputProtocol::new(&mut rest);
             let message = protocol.read_message_begin().unwrap();
             protocol.read_struct_begin().unwrap();
             assert_eq!(protocol.read_field_begin().unwrap().id, Some(1));
@@ -434,7 +436,11 @@ mod tests {
                 protocol.skip(TType::Struct).unwrap();
             }
             protocol.read_list_end().unwrap();
+            // The stop of `Batch`, then of the call's arguments, and nothing after them.
             assert_eq!(protocol.read_field_begin().unwrap().field_type, TType::Stop);
+            assert_eq!(protocol.read_field_begin().unwrap().field_type, TType::Stop);
+            drop(protocol);
+            assert!(rest.is_empty(), "{} bytes after the call", rest.len());
             calls.push((
                 message.name,
                 message.message_type as i32,
@@ -457,6 +463,24 @@ mod tests {
             calls,
             vec![("emitBatch".to_string(), TMessageType::OneWay as i32, 3)]
         );
+    }
+
+    #[test]
+    fn call_numbers_wrap_past_the_largest_and_read_back_as_written() {
+        let (agent, exporter) = agent();
+        exporter.calls.store(i32::MAX, Ordering::Relaxed);
+        for _ in 0..2 {
+            finished(exporter.export(vec![span(1, vec![])])).unwrap();
+        }
+        let mut buffer = vec![0; 70_000];
+        let sequences: Vec<i32> = (0..2)
+            .map(|_| {
+                let size = agent.recv(&mut buffer).unwrap();
+                let mut protocol = TCompactInputProtocol::new(&buffer[..size]);
+                protocol.read_message_begin().unwrap().sequence_number
+            })
+            .collect();
+        assert_eq!(sequences, [i32::MIN, i32::MIN + 1]);
     }
 
     #[test]
@@ -542,9 +566,27 @@ mod tests {
                 5 => assert_eq!(protocol.read_string().unwrap(), "HTTP GET /api/health"),
                 6 => {
                     references = read_structs(&mut protocol, |reference| {
-                        reference.skip(TType::Struct).unwrap()
+                        reference.read_struct_begin().unwrap();
+                        let fields: Vec<(Option<i16>, i64)> = (0..4)
+                            .map(|_| {
+                                let field = reference.read_field_begin().unwrap();
+                                let value = match field.field_type {
+                                    TType::I32 => i64::from(reference.read_i32().unwrap()),
+                                    _ => reference.read_i64().unwrap(),
+                                };
+                                (field.id, value)
+                            })
+                            .collect();
+                        assert_eq!(
+                            reference.read_field_begin().unwrap().field_type,
+                            TType::Stop
+                        );
+                        reference.read_struct_end().unwrap();
+                        fields
                     })
                 }
+                7 => assert_eq!(protocol.read_i32().unwrap(), 1, "flags: sampled"),
+                9 => assert_eq!(protocol.read_i64().unwrap(), 3_000, "duration in µs"),
                 10 => tags = read_structs(&mut protocol, |tag| read_tag(tag)),
                 11 => {
                     logs = read_structs(&mut protocol, |log| {
@@ -566,7 +608,11 @@ mod tests {
         drop(protocol);
         assert!(rest.is_empty(), "{} bytes after the span", rest.len());
         assert_eq!(ids, (1..=11).collect::<Vec<i16>>());
-        assert_eq!(references.len(), 1);
+        // FOLLOWS_FROM the span itself: trace 7 (high half 0), span 9.
+        assert_eq!(
+            references,
+            vec![vec![(Some(1), 1), (Some(2), 7), (Some(3), 0), (Some(4), 9)]]
+        );
         let tag = |key: &str, kind: TagType, value: &str| {
             (key.to_string(), kind as i32, value.to_string())
         };
