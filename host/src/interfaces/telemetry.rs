@@ -338,21 +338,24 @@ impl GuestTelemetry {
         };
         let span_id = in_guest_span.map(|context| context.span_id().to_string());
         let span_id = span_id.as_deref();
+        // Both as `&str`: `tracing` hands a string field to the formatters as it is, where a
+        // formatted one would be formatted into a `String` of its own first.
+        let guest_fields = fields.as_str();
         self.request_span.in_span(exported, || match level {
             Level::Trace => {
-                tracing::trace!(target: GUEST_TARGET, span_id, guest_fields = %fields, "{message}")
+                tracing::trace!(target: GUEST_TARGET, span_id, guest_fields, message)
             }
             Level::Debug => {
-                tracing::debug!(target: GUEST_TARGET, span_id, guest_fields = %fields, "{message}")
+                tracing::debug!(target: GUEST_TARGET, span_id, guest_fields, message)
             }
             Level::Info => {
-                tracing::info!(target: GUEST_TARGET, span_id, guest_fields = %fields, "{message}")
+                tracing::info!(target: GUEST_TARGET, span_id, guest_fields, message)
             }
             Level::Warn => {
-                tracing::warn!(target: GUEST_TARGET, span_id, guest_fields = %fields, "{message}")
+                tracing::warn!(target: GUEST_TARGET, span_id, guest_fields, message)
             }
             Level::Error => {
-                tracing::error!(target: GUEST_TARGET, span_id, guest_fields = %fields, "{message}")
+                tracing::error!(target: GUEST_TARGET, span_id, guest_fields, message)
             }
         });
     }

@@ -11,7 +11,6 @@
 //! section 10; section 17 took the sort of every member out).
 
 use std::borrow::Cow;
-use std::collections::BTreeMap;
 use std::fmt;
 
 use serde_json::Value;
@@ -35,11 +34,7 @@ pub const GUEST_FIELDS: &str = "guest_fields";
 /// each once (of a key given twice, the last value), written as text without a map in between.
 /// It is also the attribute of that name on an OpenTelemetry log record.
 pub fn guest_fields(attributes: impl IntoIterator<Item = (String, Value)>) -> String {
-    let mut attributes: Vec<_> = attributes.into_iter().collect();
-    // Latest first, then a stable sort by key: the first of each key is the one to keep.
-    attributes.reverse();
-    attributes.sort_by(|(a, _), (b, _)| a.cmp(b));
-    attributes.dedup_by(|(later, _), (kept, _)| later == kept);
+    let attributes = each_key_once(attributes.into_iter().collect());
     let mut text = Vec::with_capacity(128);
     text.push(b'{');
     for (index, (key, value)) in attributes.iter().enumerate() {
@@ -255,21 +250,20 @@ impl<'a> Line<'a> {
     /// the line holds it yet or its span only declares it (`declared`): a clashing key is kept
     /// beside it as `guest.<name>`. Text that is not such an object is kept as one string.
     fn add_guest_fields(&mut self, text: &'a str, declared: impl Fn(&str) -> bool) {
-        // Each value stays the text it was in the object: nothing is parsed into a tree and
-        // written again. The map holds each key once, in order.
-        let Ok(fields) = serde_json::from_str::<BTreeMap<String, &RawValue>>(text) else {
+        // Each value stays the text it was in the object, and each key too unless it holds an
+        // escape: nothing is parsed into a tree and written again.
+        let Ok(ObjectMembers(fields)) = serde_json::from_str::<ObjectMembers<'a>>(text) else {
             self.set(GUEST_FIELDS, json_string(text));
             return;
         };
         let hosts = self.members.len();
         let mut renamed_any = false;
-        for (mut key, value) in fields {
+        for (mut key, value) in each_key_once(fields) {
             while declared(&key) || self.members[..hosts].iter().any(|(host, _)| *host == key) {
-                key = format!("guest.{key}");
+                key = Cow::Owned(format!("guest.{key}"));
                 renamed_any = true;
             }
-            self.members
-                .push((Cow::Owned(key), Cow::Borrowed(value.get())));
+            self.members.push((key, Cow::Borrowed(value.get())));
         }
         if renamed_any {
             // A renamed key may now be one the guest gave as well (`version` became
@@ -311,6 +305,67 @@ impl<'a> Line<'a> {
     }
 }
 
+/// A JSON object's members in the order the text gives them, a key given twice included. A key
+/// borrows the text unless it holds an escape; each value is its text as it stands.
+struct ObjectMembers<'a>(Vec<(Cow<'a, str>, &'a RawValue)>);
+
+impl<'de> serde::Deserialize<'de> for ObjectMembers<'de> {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Members;
+        impl<'de> serde::de::Visitor<'de> for Members {
+            type Value = ObjectMembers<'de>;
+            fn expecting(&self, formatter: &mut fmt::Formatter) -> fmt::Result {
+                formatter.write_str("a JSON object")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> Result<Self::Value, A::Error> {
+                let mut members = Vec::with_capacity(map.size_hint().unwrap_or(4).min(64));
+                while let Some(ObjectKey(key)) = map.next_key()? {
+                    members.push((key, map.next_value()?));
+                }
+                Ok(ObjectMembers(members))
+            }
+        }
+        deserializer.deserialize_map(Members)
+    }
+}
+
+/// A member's key: borrowed from the text, or unescaped into a `String` of its own.
+struct ObjectKey<'a>(Cow<'a, str>);
+
+impl<'de> serde::Deserialize<'de> for ObjectKey<'de> {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Key;
+        impl<'de> serde::de::Visitor<'de> for Key {
+            type Value = ObjectKey<'de>;
+            fn expecting(&self, formatter: &mut fmt::Formatter) -> fmt::Result {
+                formatter.write_str("a string")
+            }
+            fn visit_borrowed_str<E>(self, key: &'de str) -> Result<Self::Value, E> {
+                Ok(ObjectKey(Cow::Borrowed(key)))
+            }
+            fn visit_str<E>(self, key: &str) -> Result<Self::Value, E> {
+                Ok(ObjectKey(Cow::Owned(key.to_owned())))
+            }
+        }
+        deserializer.deserialize_str(Key)
+    }
+}
+
+/// `members` sorted by key, each key once with the last value given for it. The text
+/// [`guest_fields`] writes is in that form already, and is only checked.
+fn each_key_once<K: Ord, V>(mut members: Vec<(K, V)>) -> Vec<(K, V)> {
+    if members.windows(2).any(|pair| pair[0].0 >= pair[1].0) {
+        // Latest first, then a stable sort by key: the first of each key is the one to keep.
+        members.reverse();
+        members.sort_by(|(a, _), (b, _)| a.cmp(b));
+        members.dedup_by(|(later, _), (kept, _)| later == kept);
+    }
+    members
+}
+
 /// Copies an event's fields into the line, merging [`GUEST_FIELDS`].
 ///
 /// A library's line that came through the `log` crate carries `log.target`, `log.module_path`,
@@ -333,10 +388,11 @@ impl EventFields<'_, '_> {
 
 impl Visit for EventFields<'_, '_> {
     fn record_str(&mut self, field: &Field, value: &str) {
-        if field.name() == "log.target" {
-            self.library_target = Some(value.to_string());
+        match field.name() {
+            GUEST_FIELDS => self.guest_fields = Some(value.to_owned()),
+            "log.target" => self.library_target = Some(value.to_owned()),
+            _ => self.insert(field, json_string(value)),
         }
-        self.insert(field, json_string(value));
     }
     fn record_i64(&mut self, field: &Field, value: i64) {
         self.insert(field, value.to_string());
@@ -685,19 +741,50 @@ mod tests {
     /// The line a guest logs with `fields` while serving a request whose `request_id` is
     /// `id-1` and which has recorded nothing else yet.
     fn guest_line_in_request(fields: &[(&str, &str)]) -> Map<String, Value> {
-        let request = RequestFields::new();
-        request.record_str("request_id", "id-1");
         let fields = guest_fields(
             fields
                 .iter()
                 .map(|(key, value)| (key.to_string(), Value::from(*value))),
         );
+        guest_text_line_in_request(&fields)
+    }
+
+    /// The line of a guest event in a request, its fields the JSON text `fields`, both it and
+    /// the message given as `&str`, as `GuestTelemetry::write_log` gives them.
+    fn guest_text_line_in_request(fields: &str) -> Map<String, Value> {
+        let request = RequestFields::new();
+        request.record_str("request_id", "id-1");
         let mut lines = lines_logged_by(|| {
             request_fields::in_request(Some(&request), || {
-                tracing::info!(guest_fields = %fields, "from the guest");
+                let message = "from the guest";
+                tracing::info!(guest_fields = fields, message);
             });
         });
         lines.remove(0)
+    }
+
+    #[test]
+    fn guest_fields_text_with_a_key_given_twice_out_of_order_keeps_the_last_value_of_each() {
+        let line = guest_text_line_in_request(r#"{"b":1,"a":2,"b":3,"c":{"d":[4]}}"#);
+        assert_eq!(line["message"], "from the guest");
+        assert_eq!(line["a"], 2);
+        assert_eq!(line["b"], 3);
+        assert_eq!(line["c"], serde_json::json!({"d": [4]}));
+    }
+
+    #[test]
+    fn a_guest_key_spelled_with_escapes_is_kept_off_the_request_field_it_spells() {
+        let line = guest_text_line_in_request(r#"{"request\u005fid":"forged","tab\tkey":1}"#);
+        assert_eq!(line["request_id"], "id-1");
+        assert_eq!(line["guest.request_id"], "forged");
+        assert_eq!(line["tab\tkey"], 1);
+    }
+
+    #[test]
+    fn guest_fields_text_that_is_no_object_is_kept_as_one_string() {
+        let line = guest_text_line_in_request(r#"["not", "an object"]"#);
+        assert_eq!(line[GUEST_FIELDS], r#"["not", "an object"]"#);
+        assert_eq!(line["request_id"], "id-1");
     }
 
     #[test]
