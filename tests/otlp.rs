@@ -703,7 +703,12 @@ async fn log_records_carry_the_ids_of_their_request(protocol: Protocol) {
         "{protocol:?}: span {} is not one of the request's {of_the_request:?}",
         record.span_id
     );
-    assert!(!record.attributes.is_empty(), "{record:#?}");
+    // The guest's attributes ride as one JSON object, as on the log line.
+    let guest_fields: serde_json::Map<String, Value> = record.attributes["guest_fields"]
+        .as_str()
+        .and_then(|text| serde_json::from_str(text).ok())
+        .unwrap_or_else(|| panic!("{protocol:?}: no guest_fields object: {record:#?}"));
+    assert!(guest_fields["error"].is_string(), "{guest_fields:?}");
     assert_eq!(record.resource["service.name"], "tutorial-service");
     // The host's own line of the request is a record of its server span.
     let is_refusal = |log: &support::otlp::ReceivedLog| log.body == "request refused";

@@ -1,4 +1,4 @@
-//! The first bytes an instance allocates, from a fixed arena, by moving a pointer.
+//! An instance's allocations, from a fixed arena by moving a pointer while they fit.
 //!
 //! The host makes an instance for one request and throws it away after: nothing allocated in
 //! it outlives the request, so most of it never needs giving back one by one. A general
@@ -10,12 +10,13 @@
 //! such as a long list read page by page, still runs in bounded memory: the arena wastes at
 //! most its own size.
 
-use core::alloc::Layout;
+use core::alloc::{GlobalAlloc, Layout};
 use core::cell::{Cell, UnsafeCell};
-use core::ptr::NonNull;
+use core::ptr::{self, NonNull};
 
-/// `SIZE` bytes handed out in order; see the module's documentation.
-// Aligned for any type the guest allocates, so that one alignment costs no padding.
+/// `SIZE` bytes handed out in order; see the module's documentation. It must stay where it is
+/// while it lends (a `static`): its blocks point into it.
+// Aligned to 16, the largest alignment of a primitive type on wasm32: most blocks need no padding.
 #[repr(C, align(16))]
 pub struct Arena<const SIZE: usize> {
     bytes: UnsafeCell<[u8; SIZE]>,
@@ -57,18 +58,24 @@ impl<const SIZE: usize> Arena<SIZE> {
             return None;
         }
         self.top.set(end);
-        NonNull::new((base + start) as *mut u8)
+        // SAFETY: `start + size <= SIZE`: the block lies within the arena.
+        NonNull::new(unsafe { self.bytes.get().cast::<u8>().add(start) })
     }
 
-    /// Whether `ptr` points into this arena: only then may it be given to [`Arena::free`] or
-    /// [`Arena::resize_in_place`].
+    /// Whether `ptr` points into this arena: only then may it be given to
+    /// [`Arena::release_if_top`] or [`Arena::resize_in_place`].
     pub fn owns(&self, ptr: *mut u8) -> bool {
         (self.base()..self.base() + SIZE).contains(&(ptr as usize))
     }
 
     /// Takes back a block this arena lent for `layout`, if it is the topmost; any other is
     /// left where it is until the instance ends.
-    pub fn free(&self, ptr: *mut u8, layout: Layout) {
+    ///
+    /// # Safety
+    ///
+    /// `ptr` was lent by this arena for `layout`, and is not used after.
+    pub unsafe fn release_if_top(&self, ptr: *mut u8, layout: Layout) {
+        debug_assert!(self.owns(ptr));
         if self.is_top(ptr, layout.size()) {
             self.top.set(ptr as usize - self.base());
         }
@@ -76,7 +83,12 @@ impl<const SIZE: usize> Arena<SIZE> {
 
     /// Makes a block this arena lent for `layout` `new_size` bytes long where it stands, if it
     /// can: a block shrinks anywhere, and grows only at the top, while the arena has room.
-    pub fn resize_in_place(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> bool {
+    ///
+    /// # Safety
+    ///
+    /// `ptr` was lent by this arena for `layout` and is still in use.
+    pub unsafe fn resize_in_place(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> bool {
+        debug_assert!(self.owns(ptr));
         let start = ptr as usize - self.base();
         if self.is_top(ptr, layout.size()) {
             match start.checked_add(new_size) {
@@ -102,12 +114,89 @@ impl<const SIZE: usize> Default for Arena<SIZE> {
     }
 }
 
+/// A global allocator that lends from its arena while a block fits there, and from `general`
+/// otherwise; like any `GlobalAlloc`, it returns null when `general` does.
+pub struct ArenaFirst<const SIZE: usize, A> {
+    arena: Arena<SIZE>,
+    general: A,
+}
+
+impl<const SIZE: usize, A> ArenaFirst<SIZE, A> {
+    /// An empty arena in front of `general`.
+    pub const fn new(general: A) -> Self {
+        ArenaFirst {
+            arena: Arena::new(),
+            general,
+        }
+    }
+}
+
+// SAFETY: a block comes from the arena or from `general`, and `Arena::owns` tells which (the
+// arena's bytes are its own, never `general`'s), so each call for a block goes to the allocator
+// that lent it, with the layout it was lent for.
+unsafe impl<const SIZE: usize, A: GlobalAlloc> GlobalAlloc for ArenaFirst<SIZE, A> {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        match self.arena.alloc(layout) {
+            Some(block) => block.as_ptr(),
+            None => unsafe { self.general.alloc(layout) },
+        }
+    }
+
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        match self.arena.alloc(layout) {
+            // The arena's bytes may have been lent and taken back already.
+            Some(block) => unsafe {
+                block.as_ptr().write_bytes(0, layout.size());
+                block.as_ptr()
+            },
+            None => unsafe { self.general.alloc_zeroed(layout) },
+        }
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        if self.arena.owns(ptr) {
+            unsafe { self.arena.release_if_top(ptr, layout) }
+        } else {
+            unsafe { self.general.dealloc(ptr, layout) }
+        }
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        if !self.arena.owns(ptr) {
+            return unsafe { self.general.realloc(ptr, layout, new_size) };
+        }
+        if unsafe { self.arena.resize_in_place(ptr, layout, new_size) } {
+            return ptr;
+        }
+        // SAFETY: `realloc`'s caller guarantees that `new_size`, rounded up to the alignment,
+        // does not overflow `isize`; the old block is live and the new one is another.
+        unsafe {
+            let moved = self.alloc(Layout::from_size_align_unchecked(new_size, layout.align()));
+            if !moved.is_null() {
+                ptr::copy_nonoverlapping(ptr, moved, layout.size().min(new_size));
+                self.arena.release_if_top(ptr, layout);
+            }
+            moved
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
+    use std::alloc::System;
+
     use super::*;
 
     fn layout(size: usize, align: usize) -> Layout {
         Layout::from_size_align(size, align).unwrap()
+    }
+
+    fn release(arena: &Arena<64>, ptr: *mut u8, size: usize) {
+        unsafe { arena.release_if_top(ptr, layout(size, 1)) }
+    }
+
+    fn resize(arena: &Arena<64>, ptr: *mut u8, size: usize, new_size: usize) -> bool {
+        unsafe { arena.resize_in_place(ptr, layout(size, 1), new_size) }
     }
 
     #[test]
@@ -140,33 +229,34 @@ mod tests {
         let arena = Arena::<64>::new();
         let below = arena.alloc(layout(16, 1)).unwrap().as_ptr();
         let top = arena.alloc(layout(16, 1)).unwrap().as_ptr();
-        arena.free(below, layout(16, 1));
-        // The block below stays lent: the next block still comes after the top one.
-        arena.free(top, layout(16, 1));
-        assert_eq!(arena.alloc(layout(16, 1)).unwrap().as_ptr(), top);
+        release(&arena, below, 16);
+        // The block below stays lent, and so does the top one: 32 bytes are left.
         assert!(arena.alloc(layout(33, 1)).is_none());
+        release(&arena, top, 16);
+        assert_eq!(arena.alloc(layout(16, 1)).unwrap().as_ptr(), top);
     }
 
     #[test]
     fn the_topmost_block_grows_in_place_until_the_arena_is_full() {
         let arena = Arena::<64>::new();
-        let block = arena.alloc(layout(8, 8)).unwrap().as_ptr();
-        assert!(arena.resize_in_place(block, layout(8, 8), 40));
-        assert!(arena.resize_in_place(block, layout(40, 8), 64));
-        assert!(!arena.resize_in_place(block, layout(64, 8), 65));
+        let block = arena.alloc(layout(8, 1)).unwrap().as_ptr();
+        assert!(resize(&arena, block, 8, 40));
+        assert!(resize(&arena, block, 40, 64));
+        assert!(!resize(&arena, block, 64, 65));
         assert!(arena.alloc(layout(1, 1)).is_none());
         // Shrunk, it gives its tail back.
-        assert!(arena.resize_in_place(block, layout(64, 8), 16));
+        assert!(resize(&arena, block, 64, 16));
         assert!(arena.alloc(layout(48, 1)).is_some());
     }
 
     #[test]
-    fn a_block_below_the_top_only_shrinks_in_place() {
+    fn a_block_below_the_top_only_shrinks_in_place_and_gives_nothing_back() {
         let arena = Arena::<64>::new();
         let below = arena.alloc(layout(16, 1)).unwrap().as_ptr();
         let _top = arena.alloc(layout(16, 1)).unwrap();
-        assert!(!arena.resize_in_place(below, layout(16, 1), 17));
-        assert!(arena.resize_in_place(below, layout(16, 1), 8));
+        assert!(!resize(&arena, below, 16, 17));
+        assert!(resize(&arena, below, 16, 8));
+        assert!(arena.alloc(layout(33, 1)).is_none());
     }
 
     #[test]
@@ -178,5 +268,38 @@ mod tests {
         assert!(!arena.owns(block.wrapping_add(64)));
         let elsewhere = Box::new(0u8);
         assert!(!arena.owns(&*elsewhere as *const u8 as *mut u8));
+    }
+
+    #[test]
+    fn zeroed_blocks_are_zero_even_where_the_arena_lent_bytes_before() {
+        let allocator = ArenaFirst::<64, System>::new(System);
+        unsafe {
+            let dirty = allocator.alloc(layout(32, 1));
+            dirty.write_bytes(0xAB, 32);
+            allocator.dealloc(dirty, layout(32, 1));
+            let zeroed = allocator.alloc_zeroed(layout(32, 1));
+            assert_eq!(zeroed, dirty, "the arena lends the same bytes again");
+            assert!((0..32).all(|at| *zeroed.add(at) == 0));
+            allocator.dealloc(zeroed, layout(32, 1));
+        }
+    }
+
+    #[test]
+    fn a_block_that_outgrows_the_arena_moves_to_the_general_allocator_with_its_bytes() {
+        let allocator = ArenaFirst::<64, System>::new(System);
+        unsafe {
+            let block = allocator.alloc(layout(16, 1));
+            assert!(allocator.arena.owns(block));
+            (0..16).for_each(|at| *block.add(at) = at as u8);
+            let grown = allocator.realloc(block, layout(16, 1), 200);
+            assert!(!allocator.arena.owns(grown));
+            assert!((0..16).all(|at| *grown.add(at) == at as u8));
+            // The arena took its block back, and the general allocator's is freed by it.
+            assert_eq!(allocator.alloc(layout(64, 1)), block);
+            allocator.dealloc(grown, layout(200, 1));
+            let large = allocator.alloc(layout(65, 1));
+            assert!(!large.is_null() && !allocator.arena.owns(large));
+            allocator.dealloc(large, layout(65, 1));
+        }
     }
 }

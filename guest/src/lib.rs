@@ -11,8 +11,8 @@
 //! - [`error`]: the one error type, each variant with its status and message;
 //! - [`response`]: the one place that builds responses, error bodies included;
 //! - [`ports`]: what the logic needs from its host (the user store, a clock);
-//! - [`arena`]: where an instance's first allocations come from, cheaper than a general
-//!   allocator for an instance that serves one request.
+//! - [`arena`]: where an instance's allocations come from while they fit, cheaper than a
+//!   general allocator for an instance that serves one request.
 //!
 //! `wasm` is the thin edge compiled only for `wasm32`: it converts `wasi:http` requests and
 //! responses and implements the ports on the host's `users` interface.

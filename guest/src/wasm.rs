@@ -15,7 +15,7 @@ use wasi::http::types::{
 use wasi::io::streams::{OutputStream, StreamError};
 
 use crate::api;
-use crate::arena::Arena;
+use crate::arena::ArenaFirst;
 use crate::ports::{self, Attribute, Clock, CreateError, Level, Unavailable, User, UserStore};
 use crate::response::{BodyWriter, ClientGone, Responder};
 
@@ -49,72 +49,36 @@ struct Component;
 
 export!(Component);
 
-/// The instance's allocator: its first 64 KiB from an [`Arena`] (a health check fits in it and
-/// never grows its memory), the rest from dlmalloc, Rust's own wasm allocator
-/// (`std`'s, wasi-libc's malloc, is not linked in a `no_std` guest). It traps where it would
-/// fail: the memory the host refuses (the instance's limit, the host-wide budget) ends the
-/// instance at once, as `std`'s handler did, and the host answers 503 or 500 and says why.
-/// Without the trap `alloc` would make a panic of it, and an ERROR line.
+/// The instance's allocator: an [`ArenaFirst`] of 64 KiB (a health check fits in it and never
+/// grows its memory) in front of dlmalloc, Rust's own wasm allocator (`std`'s, wasi-libc's
+/// malloc, is not linked in a `no_std` guest), trapping where it would fail: the memory the host
+/// refuses (the instance's limit, the host-wide budget) ends the instance at once, as `std`'s
+/// handler did, and the host answers 503 or 500 and says why. Without the trap `alloc` would
+/// make a panic of it, and an ERROR line.
 #[global_allocator]
-static ALLOCATOR: ArenaThenDlmalloc = ArenaThenDlmalloc {
-    arena: Arena::new(),
-    general: dlmalloc::GlobalDlmalloc,
-};
+static ALLOCATOR: TrapWhenExhausted<ArenaFirst<{ 64 * 1024 }, dlmalloc::GlobalDlmalloc>> =
+    TrapWhenExhausted(ArenaFirst::new(dlmalloc::GlobalDlmalloc));
 
-/// A global allocator that lends from `arena` while it has room, then from `general`, and traps
-/// instead of returning null.
-struct ArenaThenDlmalloc {
-    arena: Arena<{ 64 * 1024 }>,
-    general: dlmalloc::GlobalDlmalloc,
-}
+/// A global allocator that traps instead of returning null.
+struct TrapWhenExhausted<A>(A);
 
-// SAFETY: a block comes from the arena or from dlmalloc, and `Arena::owns` tells which, so each
-// call for a block goes to the allocator that lent it, with the layout it was lent for. A null
-// result is never returned, the instance traps instead.
-unsafe impl GlobalAlloc for ArenaThenDlmalloc {
+// SAFETY: every call goes to the inner allocator as it came; a null result is never returned,
+// the instance traps instead.
+unsafe impl<A: GlobalAlloc> GlobalAlloc for TrapWhenExhausted<A> {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        match self.arena.alloc(layout) {
-            Some(block) => block.as_ptr(),
-            None => granted(unsafe { self.general.alloc(layout) }),
-        }
+        granted(unsafe { self.0.alloc(layout) })
     }
 
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        match self.arena.alloc(layout) {
-            // The arena's bytes may have been lent and taken back already.
-            Some(block) => unsafe {
-                block.as_ptr().write_bytes(0, layout.size());
-                block.as_ptr()
-            },
-            None => granted(unsafe { self.general.alloc_zeroed(layout) }),
-        }
+        granted(unsafe { self.0.alloc_zeroed(layout) })
     }
 
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        if self.arena.owns(ptr) {
-            self.arena.free(ptr, layout);
-        } else {
-            unsafe { self.general.dealloc(ptr, layout) }
-        }
+        unsafe { self.0.dealloc(ptr, layout) }
     }
 
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        if !self.arena.owns(ptr) {
-            return granted(unsafe { self.general.realloc(ptr, layout, new_size) });
-        }
-        if self.arena.resize_in_place(ptr, layout, new_size) {
-            return ptr;
-        }
-        // SAFETY: `realloc`'s caller guarantees that `new_size`, rounded up to the alignment,
-        // does not overflow `isize`.
-        let moved = unsafe {
-            let new_layout = Layout::from_size_align_unchecked(new_size, layout.align());
-            let moved = self.alloc(new_layout);
-            core::ptr::copy_nonoverlapping(ptr, moved, layout.size().min(new_size));
-            moved
-        };
-        self.arena.free(ptr, layout);
-        moved
+        granted(unsafe { self.0.realloc(ptr, layout, new_size) })
     }
 }
 

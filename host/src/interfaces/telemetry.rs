@@ -343,19 +343,19 @@ impl GuestTelemetry {
         let guest_fields = fields.as_str();
         self.request_span.in_span(exported, || match level {
             Level::Trace => {
-                tracing::trace!(target: GUEST_TARGET, span_id, guest_fields, message)
+                tracing::trace!(target: GUEST_TARGET, message, span_id, guest_fields)
             }
             Level::Debug => {
-                tracing::debug!(target: GUEST_TARGET, span_id, guest_fields, message)
+                tracing::debug!(target: GUEST_TARGET, message, span_id, guest_fields)
             }
             Level::Info => {
-                tracing::info!(target: GUEST_TARGET, span_id, guest_fields, message)
+                tracing::info!(target: GUEST_TARGET, message, span_id, guest_fields)
             }
             Level::Warn => {
-                tracing::warn!(target: GUEST_TARGET, span_id, guest_fields, message)
+                tracing::warn!(target: GUEST_TARGET, message, span_id, guest_fields)
             }
             Level::Error => {
-                tracing::error!(target: GUEST_TARGET, span_id, guest_fields, message)
+                tracing::error!(target: GUEST_TARGET, message, span_id, guest_fields)
             }
         });
     }
