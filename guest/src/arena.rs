@@ -8,7 +8,7 @@
 //! growing as it is written, a value dropped right after it was made). Whatever it cannot take
 //! (it is full) goes to the general allocator, so a request that allocates and frees a lot,
 //! such as a long list read page by page, still runs in bounded memory: the arena wastes at
-//! most its own size.
+//! most its own size. [`ArenaFirst`] puts the two together as one `GlobalAlloc`.
 
 use core::alloc::{GlobalAlloc, Layout};
 use core::cell::{Cell, UnsafeCell};

@@ -268,11 +268,8 @@ impl<'a> Line<'a> {
         if renamed_any {
             // A renamed key may now be one the guest gave as well (`version` became
             // `guest.version`): of the two, the later in key order is kept, as if set in turn.
-            let mut guests = self.members.split_off(hosts);
-            guests.reverse();
-            guests.sort_by(|(a, _), (b, _)| a.cmp(b));
-            guests.dedup_by(|(later, _), (kept, _)| later == kept);
-            self.members.append(&mut guests);
+            let guests = each_key_once(self.members.split_off(hosts));
+            self.members.extend(guests);
         }
     }
 
@@ -355,7 +352,8 @@ impl<'de> serde::Deserialize<'de> for ObjectKey<'de> {
 }
 
 /// `members` sorted by key, each key once with the last value given for it. The text
-/// [`guest_fields`] writes is in that form already, and is only checked.
+/// [`guest_fields`] writes is in that form already, and is only checked; a guest's members
+/// after a rename are sorted again here.
 fn each_key_once<K: Ord, V>(mut members: Vec<(K, V)>) -> Vec<(K, V)> {
     if members.windows(2).any(|pair| pair[0].0 >= pair[1].0) {
         // Latest first, then a stable sort by key: the first of each key is the one to keep.
