@@ -38,6 +38,15 @@ impl Response {
         }
     }
 
+    /// A response whose body is `json`, JSON text fixed at build time.
+    pub fn json_text(status: u16, json: &'static str) -> Response {
+        Response {
+            status,
+            headers: json_headers(),
+            body: json.as_bytes().to_vec(),
+        }
+    }
+
     /// The value of header `name`, if set.
     pub fn header(&self, name: &str) -> Option<&str> {
         self.headers

@@ -22,6 +22,8 @@ use crate::response::{BodyWriter, ClientGone, Responder};
 wit_bindgen::generate!({
     path: "../wit",
     world: "tutorial:service/service",
+    // The host's calls take our attributes as borrowed strings: nothing is copied to be passed.
+    ownership: Borrowing { duplicate_if_necessary: false },
     // Reuse the `wasi` crate's types for every WASI interface instead of generating copies.
     with: {
         "wasi:io/error@0.2.12": wasi::io::error,
@@ -369,21 +371,18 @@ impl ports::Telemetry for HostTelemetry {
 
 impl ports::Span for telemetry::Span {
     fn set_attribute(&self, attribute: Attribute) {
-        telemetry::Span::set_attribute(self, &attribute_to_wit(&attribute));
+        telemetry::Span::set_attribute(self, attribute_to_wit(&attribute));
     }
 }
 
-fn to_wit(attributes: &[Attribute]) -> Vec<telemetry::Attribute> {
+fn to_wit(attributes: &[Attribute]) -> Vec<telemetry::Attribute<'_>> {
     attributes.iter().map(attribute_to_wit).collect()
 }
 
-fn attribute_to_wit((key, value): &Attribute) -> telemetry::Attribute {
+fn attribute_to_wit((key, value): &Attribute) -> telemetry::Attribute<'_> {
     let value = match value {
-        ports::Value::Text(text) => telemetry::Value::Text(text.clone()),
+        ports::Value::Text(text) => telemetry::Value::Text(text),
         ports::Value::Integer(number) => telemetry::Value::Integer(*number),
     };
-    telemetry::Attribute {
-        key: key.to_string(),
-        value,
-    }
+    telemetry::Attribute { key, value }
 }
