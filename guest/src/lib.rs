@@ -39,5 +39,6 @@ pub mod validation;
 #[cfg(target_arch = "wasm32")]
 mod wasm;
 
-/// The version reported by `/api/health`: this crate's package version, so a swapped guest shows.
+/// This crate's package version, so a swapped guest shows: the health check logs it, and its
+/// report (`api/health.rs`) spells it out again, since `concat!` takes only literals.
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");

@@ -87,6 +87,18 @@ mod tests {
             Some(Route::Health)
         );
         assert_eq!(Route::from_path("/api/users/x?y"), Some(Route::User("x")));
+        assert_eq!(Route::from_path("/api/users/a?b/c"), Some(Route::User("a")));
+        assert_eq!(Route::from_path("/api/users/é?x"), Some(Route::User("é")));
+        assert_eq!(Route::from_path("?"), None);
+        assert_eq!(Route::from_path("/api/health?"), Some(Route::Health));
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn the_path_ends_at_the_first_question_mark_of_any_target(target in "(/api/(health|users|compute|users/[a-zé?/]{0,4}))?[?a-zé/]{0,6}") {
+            let path = target.split_once('?').map_or(target.as_str(), |(path, _query)| path);
+            proptest::prop_assert_eq!(Route::from_path(&target), Route::from_path(path));
+        }
     }
 
     #[test]

@@ -22,7 +22,8 @@ use crate::response::{BodyWriter, ClientGone, Responder};
 wit_bindgen::generate!({
     path: "../wit",
     world: "tutorial:service/service",
-    // The host's calls take our attributes as borrowed strings: nothing is copied to be passed.
+    // Import parameters borrow the guest's own strings: no key or text is copied into an owned
+    // record only to be lowered. What the host returns (`users::User`) stays owned.
     ownership: Borrowing { duplicate_if_necessary: false },
     // Reuse the `wasi` crate's types for every WASI interface instead of generating copies.
     with: {
