@@ -411,6 +411,25 @@ async fn a_body_over_the_limit_is_413_before_the_guest_runs(store: Store) {
     let answer = raw_request(host.authority(), chunked_get.as_bytes()).await;
     assert!(answer.starts_with("HTTP/1.1 413"), "{answer}");
 
+    // The guest reads no `GET`'s body, and answers an unknown user, the list (streamed) and a
+    // `HEAD` without it: each is the host's 413 all the same, while an unknown path stays 404.
+    for (method, path, status) in [
+        ("GET", "/api/users/no-such-user", "413"),
+        ("GET", "/api/users", "413"),
+        ("HEAD", "/api/health", "413"),
+        ("GET", "/api/nope", "404"),
+    ] {
+        let declared = format!(
+            "{method} {path} HTTP/1.1\r\nhost: t\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{oversized}",
+            oversized.len()
+        );
+        let answer = raw_request(host.authority(), declared.as_bytes()).await;
+        assert!(
+            answer.starts_with(&format!("HTTP/1.1 {status}")),
+            "{method} {path}: {answer}"
+        );
+    }
+
     // Nothing was stored, and a body within the limit still works.
     assert_eq!(send(&host, "GET", "/api/users", None).await.2, json!([]));
     create(&host, "A", "a@example.com").await;

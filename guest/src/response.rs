@@ -31,19 +31,19 @@ impl Response {
     pub fn json(status: u16, value: &impl Serialize) -> Response {
         // Our bodies are plain structs of strings and numbers: serialising them cannot fail.
         let body = serde_json::to_vec(value).expect("API bodies always serialise");
-        Response {
-            status,
-            headers: json_headers(),
-            body,
-        }
+        Response::with_json_body(status, body)
     }
 
     /// A response whose body is `json`, JSON text fixed at build time.
     pub fn json_text(status: u16, json: &'static str) -> Response {
+        Response::with_json_body(status, json.as_bytes().to_vec())
+    }
+
+    fn with_json_body(status: u16, body: Vec<u8>) -> Response {
         Response {
             status,
             headers: json_headers(),
-            body: json.as_bytes().to_vec(),
+            body,
         }
     }
 

@@ -162,9 +162,9 @@ impl exports::wasi::http::incoming_handler::Guest for Component {
             None
         };
         let responder = WasiResponder(response_out);
-        // Only a request that reaches an endpoint has its body read: the host answers 413 for
-        // a body over its limit only when the guest reads it.
-        let body = if api::reaches_endpoint(&method, &target) {
+        // Only a body the logic parses is read: five host calls a request fewer for the rest.
+        // The host still answers 413 for any body over its limit once a route is named.
+        let body = if api::reads_body(&method, &target) {
             match read_body(request) {
                 Some(body) => body,
                 None => return api::unreadable_body(&target, &HostTelemetry, responder),

@@ -19,10 +19,12 @@ use crate::ports::{Clock, Telemetry, UserStore};
 use crate::response::{Responder, Response};
 use crate::routes::Route;
 
-/// Whether a request reaches an endpoint (its path is known and allows its method), and so
-/// whether its body is read: 404 and 405 are answered without reading it.
-pub fn reaches_endpoint(method: &str, target: &str) -> bool {
-    Route::from_path(target).is_some_and(|route| route.allows(method))
+/// Whether the logic parses a request's body, and so whether the edge reads it: only a `POST`
+/// to an endpoint that takes one. No other answer depends on the body: the host answers 413 for
+/// one over its limit once the guest has named the request's route, unless it answers 405.
+pub fn reads_body(method: &str, target: &str) -> bool {
+    // The method first: a `GET` is not routed twice.
+    reads_content_type(method) && Route::from_path(target).is_some_and(|route| route.allows(method))
 }
 
 /// Answers one request through `responder`. Checks run in the contract's order: unknown path
@@ -111,11 +113,15 @@ mod tests {
     }
 
     #[test]
-    fn only_a_request_that_reaches_an_endpoint_has_its_body_read() {
-        assert!(reaches_endpoint("POST", "/api/users"));
-        assert!(reaches_endpoint("GET", "/api/health?x=1"));
-        assert!(!reaches_endpoint("POST", "/api/health"));
-        assert!(!reaches_endpoint("POST", "/api/nope"));
+    fn only_a_post_to_an_endpoint_that_takes_one_has_its_body_read() {
+        assert!(reads_body("POST", "/api/users"));
+        assert!(reads_body("POST", "/api/compute?x=1"));
+        assert!(!reads_body("GET", "/api/health"));
+        assert!(!reads_body("GET", "/api/users"));
+        assert!(!reads_body("HEAD", "/api/users/abc"));
+        assert!(!reads_body("POST", "/api/health"));
+        assert!(!reads_body("POST", "/api/nope"));
+        assert!(!reads_body("PUT", "/api/users"));
     }
 
     #[test]

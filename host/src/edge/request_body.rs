@@ -2,9 +2,10 @@
 //!
 //! The host reads the body before the guest runs (so a client that trickles it holds no
 //! instance slot), within the body deadline and up to the size limit. A body over the limit is
-//! not read further: the guest gets a body whose first read fails, and only a guest that reads
-//! it (one that reached an endpoint) turns the request into the host's 413. A guest that answers
-//! without reading (404, 405) keeps its answer, so the host needs no knowledge of routes.
+//! not read further: the guest gets a body whose first read fails, and the host answers 413 when
+//! the guest read it or named the request's route without answering 405. A guest that answers
+//! an unknown path (no route named) or a wrong method keeps its answer, so the host needs no
+//! knowledge of routes.
 
 use std::pin::Pin;
 use std::sync::Arc;

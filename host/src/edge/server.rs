@@ -2,13 +2,14 @@
 //!
 //! For every request the host, in order: gives it a request id, serves `/metrics` itself, reads
 //! the body within its deadline and size limit, runs the guest in a fresh instance, answers 413
-//! if the guest read a body over the limit, turns a failed guest into a 500, and traces, logs and
+//! for a body over the limit unless the guest answered an unknown path or a wrong method (see
+//! [`refuses_for_size`]), turns a failed guest into a 500, and traces, logs and
 //! counts the answer under the route the guest named. The guest decides everything else.
 
 use std::convert::Infallible;
 use std::future::Future;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use http::{
@@ -254,9 +255,7 @@ impl App {
                 responses::error(status, message)
             }
         };
-        if over_limit_read.load(Ordering::Acquire) {
-            // The guest reached an endpoint and read the body: whatever it made of the failed
-            // read, the answer is the host's.
+        if left_unread && refuses_for_size(&over_limit_read, matched_route, response.status()) {
             return closing(responses::error(
                 StatusCode::PAYLOAD_TOO_LARGE,
                 responses::BODY_TOO_LARGE,
@@ -329,6 +328,21 @@ struct LeavesRequestUnread;
 /// `response`, with the connection closed after it: the host answers before it has read the
 /// whole request, and what is left of it must not be read as the next one. The connection
 /// drains what the client still sends before it closes ([`crate::edge::client_stream`]).
+/// Whether a request whose body is over the limit is answered 413, whatever its guest answered
+/// (`answered`). The contract puts 413 after an unknown path (404) and a wrong method (405), and
+/// before everything else. The host knows no routes, but the guest says enough: it read the body
+/// (`over_limit_read`: it parses one, so the path and method are its own), or it named the
+/// request's route (the path is known) and did not answer 405. A guest that did neither answered
+/// an unknown path.
+fn refuses_for_size(
+    over_limit_read: &AtomicBool,
+    matched_route: &MatchedRoute,
+    answered: StatusCode,
+) -> bool {
+    over_limit_read.load(Ordering::Acquire)
+        || (matched_route.is_named() && answered != StatusCode::METHOD_NOT_ALLOWED)
+}
+
 fn closing(mut response: Response<ResponseBody>) -> Response<ResponseBody> {
     response
         .headers_mut()
@@ -490,6 +504,29 @@ mod tests {
         let mut headers = HeaderMap::new();
         headers.insert(REQUEST_ID, HeaderValue::from_bytes(id).unwrap());
         headers
+    }
+
+    #[test]
+    fn a_body_over_the_limit_is_refused_unless_the_guest_answered_404_or_405_without_reading_it() {
+        let refuses = |read: bool, named: bool, answered: StatusCode| {
+            let route = MatchedRoute::default();
+            if named {
+                route.set(Arc::from("/api/users/{id}"));
+            }
+            refuses_for_size(&AtomicBool::new(read), &route, answered)
+        };
+        // Read: the guest parses bodies there, whatever it made of the failed read.
+        assert!(refuses(true, true, StatusCode::BAD_REQUEST));
+        assert!(refuses(true, false, StatusCode::BAD_REQUEST));
+        // A known path, its method allowed: the endpoint's own answers come after 413.
+        assert!(refuses(false, true, StatusCode::OK));
+        assert!(refuses(false, true, StatusCode::NOT_FOUND));
+        assert!(refuses(false, true, StatusCode::INTERNAL_SERVER_ERROR));
+        // A known path, a wrong method: 405 comes first.
+        assert!(!refuses(false, true, StatusCode::METHOD_NOT_ALLOWED));
+        // No route named: an unknown path, whatever the status says.
+        assert!(!refuses(false, false, StatusCode::NOT_FOUND));
+        assert!(!refuses(false, false, StatusCode::OK));
     }
 
     #[test]
