@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 use support::lists::{PeakResident, ask_for_the_list, create_many};
-use support::{Host, Store, client};
+use support::{Host, Store, client, raw_request};
 
 async fn a_long_list_streams_in_bounded_memory(store: Store) {
     const USERS: usize = 100_000;
@@ -123,6 +123,39 @@ async fn slow_readers_hold_their_instance_no_longer_than_the_deadline() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     drop(slow_readers);
+}
+
+/// A list refused for its body: the guest, which reads no `GET`'s body, starts streaming it, and
+/// the host answers 413 instead. The instance's next write finds the response gone, and the one
+/// instance slot is free again at once, long before the deadline.
+#[tokio::test]
+async fn a_list_answered_413_for_its_body_gives_its_instance_back_at_once() {
+    let host = Host::builder()
+        .store(&Store::Memory)
+        .env(&[
+            ("MAX_INSTANCES", "1"),
+            ("MAX_BODY_BYTES", "1000"),
+            ("REQUEST_TIMEOUT_MS", "60000"),
+        ])
+        .start();
+    // Several pages of the list, so that the guest is still writing when the 413 goes out.
+    create_many(&host, 2_000, 64, "User").await;
+    let oversized = "x".repeat(2_000);
+    let request = format!(
+        "GET /api/users HTTP/1.1\r\nhost: t\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{oversized}",
+        oversized.len()
+    );
+    let started = Instant::now();
+    // Each request waits at most 1 s for the one slot, or is answered 503.
+    for _ in 0..5 {
+        let answer = raw_request(host.authority(), request.as_bytes()).await;
+        assert!(answer.starts_with("HTTP/1.1 413"), "{answer}");
+    }
+    let health = client().get(host.url("/api/health")).send().await.unwrap();
+    assert_eq!(health.status(), 200);
+    assert!(started.elapsed() < Duration::from_secs(10));
+    let errors = host.log_lines_where(|line| line["level"] == "ERROR");
+    assert!(errors.is_empty(), "{errors:?}");
 }
 
 #[tokio::test]

@@ -300,8 +300,16 @@ async fn a_guest_with_routes_the_host_never_heard_of_is_labelled_and_limited_by_
         send(&host, "PUT", "/api/orders/42", large.clone(), "put-large").await,
         (413, json!({"error": "Request body too large"}))
     );
-    // A method the guest does not answer, and an unknown path: the guest answers without
-    // reading, so its 405 and 404 come first even with a body over the limit.
+    // A `GET` the guest answers without reading its body, under a route it names: 413 all the
+    // same, as the contract's order puts it before the endpoint's answer.
+    assert_eq!(
+        send(&host, "GET", "/api/health", large.clone(), "get-large")
+            .await
+            .0,
+        413
+    );
+    // A method the guest does not answer (405), and an unknown path (no route named): their 405
+    // and 404 come first even with a body over the limit.
     assert_eq!(
         send(&host, "POST", "/api/orders/42", large.clone(), "post-large")
             .await

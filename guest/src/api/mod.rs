@@ -46,8 +46,8 @@ pub fn handle(
     }
 }
 
-/// Answers a request that reaches an endpoint but whose body could not be read (the client broke
-/// it, or it is over the host's limit): 400, under the endpoint's route. The host turns it into
+/// Answers a request whose body the logic parses but could not read (the client broke it, or it
+/// is over the host's limit): 400, under the endpoint's route. The host turns it into
 /// a 413 when the body was over its limit.
 pub fn unreadable_body(target: &str, telemetry: &impl Telemetry, responder: impl Responder) {
     if let Some(route) = Route::from_path(target) {

@@ -2,8 +2,8 @@
 //!
 //! For every request the host, in order: gives it a request id, serves `/metrics` itself, reads
 //! the body within its deadline and size limit, runs the guest in a fresh instance, answers 413
-//! for a body over the limit unless the guest answered an unknown path or a wrong method (see
-//! [`refuses_for_size`]), turns a failed guest into a 500, and traces, logs and
+//! for a body over the limit unless the guest named no route (an unknown path) or answered 405
+//! (see [`refuses_for_size`]), turns a failed guest into a 500, and traces, logs and
 //! counts the answer under the route the guest named. The guest decides everything else.
 
 use std::convert::Infallible;
@@ -325,15 +325,13 @@ fn request_id(headers: &HeaderMap) -> HeaderValue {
 #[derive(Clone, Copy)]
 struct LeavesRequestUnread;
 
-/// `response`, with the connection closed after it: the host answers before it has read the
-/// whole request, and what is left of it must not be read as the next one. The connection
-/// drains what the client still sends before it closes ([`crate::edge::client_stream`]).
 /// Whether a request whose body is over the limit is answered 413, whatever its guest answered
 /// (`answered`). The contract puts 413 after an unknown path (404) and a wrong method (405), and
 /// before everything else. The host knows no routes, but the guest says enough: it read the body
 /// (`over_limit_read`: it parses one, so the path and method are its own), or it named the
 /// request's route (the path is known) and did not answer 405. A guest that did neither answered
-/// an unknown path.
+/// an unknown path. The guest ran all the same, without the body: what it answered, and logged,
+/// is the endpoint's answer to the request as if the body were empty.
 fn refuses_for_size(
     over_limit_read: &AtomicBool,
     matched_route: &MatchedRoute,
@@ -343,6 +341,9 @@ fn refuses_for_size(
         || (matched_route.is_named() && answered != StatusCode::METHOD_NOT_ALLOWED)
 }
 
+/// `response`, with the connection closed after it: the host answers before it has read the
+/// whole request, and what is left of it must not be read as the next one. The connection
+/// drains what the client still sends before it closes ([`crate::edge::client_stream`]).
 fn closing(mut response: Response<ResponseBody>) -> Response<ResponseBody> {
     response
         .headers_mut()
@@ -507,7 +508,7 @@ mod tests {
     }
 
     #[test]
-    fn a_body_over_the_limit_is_refused_unless_the_guest_answered_404_or_405_without_reading_it() {
+    fn a_body_over_the_limit_is_refused_unless_its_guest_named_no_route_or_answered_405_unread() {
         let refuses = |read: bool, named: bool, answered: StatusCode| {
             let route = MatchedRoute::default();
             if named {
@@ -518,6 +519,8 @@ mod tests {
         // Read: the guest parses bodies there, whatever it made of the failed read.
         assert!(refuses(true, true, StatusCode::BAD_REQUEST));
         assert!(refuses(true, false, StatusCode::BAD_REQUEST));
+        assert!(refuses(true, false, StatusCode::OK));
+        assert!(refuses(true, true, StatusCode::METHOD_NOT_ALLOWED));
         // A known path, its method allowed: the endpoint's own answers come after 413.
         assert!(refuses(false, true, StatusCode::OK));
         assert!(refuses(false, true, StatusCode::NOT_FOUND));
