@@ -4,8 +4,6 @@
 use alloc::format;
 use alloc::string::String;
 
-#[cfg(doc)]
-use crate::api::reads_body;
 use crate::error::ApiError;
 use crate::ports::{Level, Telemetry, Value};
 use crate::validation;
@@ -23,8 +21,8 @@ pub struct Request<'a> {
     pub target: &'a str,
     /// The `Content-Type` header, if any; only read when [`reads_content_type`].
     pub content_type: Option<&'a str>,
-    /// The whole body (the host has already bounded its size); empty unless the logic
-    /// [`reads_body`].
+    /// The whole body (the host has already bounded its size); empty unless the logic reads it
+    /// (`api::reads_body`).
     pub body: &'a [u8],
 }
 
