@@ -14,8 +14,12 @@ use host::runtime::{GuestLimits, ProbePath, Runtime, Serving, ServingGuest};
 use host::user_store::UserStore;
 use serde_json::{Value, json};
 use support::{client, create_with, guest_path, tempdir};
-use tokio::net::TcpListener;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::oneshot;
+
+/// What the request bodies of all clients together may hold in the servers here.
+const BODY_BUFFER_BYTES: usize = 64 << 20;
 
 /// A server running in this process, and what stops it.
 struct InProcess {
@@ -30,6 +34,11 @@ struct InProcess {
 impl InProcess {
     /// The real guest on an empty memory store, with the default limits.
     async fn start() -> InProcess {
+        InProcess::start_with(64).await
+    }
+
+    /// [`InProcess::start`], serving at most `max_connections` at once.
+    async fn start_with(max_connections: usize) -> InProcess {
         let runtime = Runtime::new(ComponentCache::new(tempdir()), GuestLimits::default())
             .expect("the wasm runtime starts");
         let guest = load(&runtime, "guest").await;
@@ -40,8 +49,8 @@ impl InProcess {
             ClientLimits {
                 max_body_bytes: 1 << 20,
                 body_timeout: Duration::from_secs(10),
-                body_buffer_bytes: 64 << 20,
-                max_connections: 64,
+                body_buffer_bytes: BODY_BUFFER_BYTES,
+                max_connections,
             },
         ));
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -141,4 +150,57 @@ async fn once_told_to_stop_serve_returns_and_accepts_no_more_connections() {
         .unwrap();
     let refused = client().get(server.url("/api/health")).send().await;
     assert!(refused.is_err(), "a connection was accepted after the stop");
+}
+
+/// A connection from `from` that sends a `POST /api/users` head announcing `length` bytes of
+/// body, then `sent` of them, and stalls.
+async fn stalled_body(server: &InProcess, from: [u8; 4], length: usize, sent: usize) -> TcpStream {
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.bind(std::net::SocketAddr::from((from, 0))).unwrap();
+    let authority = server.base_url.trim_start_matches("http://");
+    let mut stream = socket.connect(authority.parse().unwrap()).await.unwrap();
+    let head = format!(
+        "POST /api/users HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n\
+         Content-Length: {length}\r\n\r\n"
+    );
+    stream.write_all(head.as_bytes()).await.unwrap();
+    stream.write_all(&vec![b' '; sent]).await.unwrap();
+    stream
+}
+
+/// Whether the host answered `stream` 503 within a moment.
+async fn refused(stream: &mut TcpStream) -> bool {
+    let mut answer = [0; 12];
+    matches!(
+        tokio::time::timeout(Duration::from_millis(100), stream.read_exact(&mut answer)).await,
+        Ok(Ok(_)) if answer.ends_with(b" 503")
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_peer_stalling_bodies_fills_its_share_and_a_fresh_clients_post_gets_201() {
+    let server = InProcess::start_with(1_000).await;
+    let attacker = [127, 0, 0, 2];
+    // Half of a 1 MiB body on each of 64 connections: a budget of 64 MiB, were it one pool.
+    let mut stalled = Vec::new();
+    for _ in 0..64 {
+        stalled.push(stalled_body(&server, attacker, 1 << 20, 512 << 10).await);
+    }
+    // Then small stalled bodies, to fill whatever is left.
+    for _ in 0..64 {
+        stalled.push(stalled_body(&server, attacker, 64 << 10, 32 << 10).await);
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let mut refusals = 0;
+    for stream in &mut stalled {
+        refusals += usize::from(refused(stream).await);
+    }
+    assert!(refusals > 0, "the attacker's share never ran out");
+    let fresh = reqwest::Client::builder()
+        .no_proxy()
+        .local_address(std::net::IpAddr::from([127, 0, 0, 3]))
+        .build()
+        .unwrap();
+    let (status, user) = create_with(&fresh, &server.base_url, "Fresh", "fresh@x.io").await;
+    assert_eq!(status, 201, "{user}");
 }

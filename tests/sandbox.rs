@@ -415,3 +415,109 @@ async fn the_real_guest_out_of_its_memory_is_a_500_and_no_panic_line() {
     });
     assert!(panics.is_empty(), "{panics:#?}");
 }
+
+/// What a `GET path` with a head of `head_bytes` of extra headers, sent as `request_id`,
+/// answered: its status.
+async fn hoard(host: &Host, path: &str, request_id: &str, head_bytes: usize) -> u16 {
+    let mut request = client()
+        .get(host.url(path))
+        .header("x-request-id", request_id);
+    for i in 0..head_bytes / 1000 {
+        request = request.header(format!("x-filler-{i}"), "f".repeat(990));
+    }
+    request.send().await.unwrap().status().as_u16()
+}
+
+#[tokio::test]
+async fn guests_hoarding_wasi_http_objects_fail_alone_within_the_budget_and_give_it_back() {
+    const BUDGET_MB: u64 = 256;
+    let host = hostile_host(&[("GUEST_MEMORY_BUDGET_MB", "256")]);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let idle = host.resident_bytes();
+    let host = std::sync::Arc::new(host);
+    let kinds = [
+        ("/hoard-requests", 0),
+        ("/hoard-responses", 0),
+        ("/hoard-fields", 0),
+        ("/hoard-header-copies", 48_000),
+    ];
+    let hoarders: Vec<_> = kinds
+        .into_iter()
+        .map(|(path, head_bytes)| {
+            let host = std::sync::Arc::clone(&host);
+            tokio::spawn(async move { hoard(&host, path, path, head_bytes).await })
+        })
+        .collect();
+    // Probed from another client while they run, and the host's memory watched.
+    let mut peak = 0;
+    let mut probes = 0;
+    while !hoarders.iter().all(|hoarder| hoarder.is_finished()) {
+        let (status, _) = get(&host, "/api/health").await;
+        assert_eq!(status, 200, "a health check while the guests hoard");
+        probes += 1;
+        peak = peak.max(host.resident_bytes());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    for ((path, _), hoarder) in kinds.iter().zip(hoarders) {
+        let status = hoarder.await.unwrap();
+        assert!(matches!(status, 500 | 503), "{path} answered {status}");
+        let line = host.wait_for_log(|line| line["request_id"] == *path);
+        assert_eq!(line["message"], "request failed");
+        let cause = line["error"].as_str().unwrap_or_default();
+        assert!(cause.contains("wasi:http"), "{path}: {cause}");
+    }
+    eprintln!(
+        "four hoarders: {probes} health checks, resident {} MiB idle, {} MiB at most",
+        idle >> 20,
+        peak >> 20
+    );
+    assert!(probes > 0);
+    assert!(
+        peak < idle + ((BUDGET_MB + 64) << 20),
+        "the host grew from {} MiB to {} MiB",
+        idle >> 20,
+        peak >> 20
+    );
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while host.resident_bytes() > idle + (64 << 20) {
+        assert!(
+            Instant::now() < deadline,
+            "the host held {} MiB 10 s after (idle {} MiB)",
+            host.resident_bytes() >> 20,
+            idle >> 20
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+
+    // More hoarders than the budget has shares for: the budget, not only each one's share,
+    // stops them, and the host holds no more than the budget.
+    let hoarders: Vec<_> = (0..12)
+        .map(|i| {
+            let host = std::sync::Arc::clone(&host);
+            let id = format!("crowd-{i}");
+            tokio::spawn(async move { hoard(&host, "/hoard-requests", &id, 0).await })
+        })
+        .collect();
+    let mut peak = 0;
+    while !hoarders.iter().all(|hoarder| hoarder.is_finished()) {
+        peak = peak.max(host.resident_bytes());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let mut statuses = Vec::new();
+    for hoarder in hoarders {
+        let status = hoarder.await.unwrap();
+        assert!(matches!(status, 500 | 503), "{status}");
+        statuses.push(status);
+    }
+    eprintln!(
+        "twelve hoarders: {statuses:?}, resident {} MiB at most",
+        peak >> 20
+    );
+    assert!(
+        peak < idle + ((BUDGET_MB + 64) << 20),
+        "the host grew from {} MiB to {} MiB",
+        idle >> 20,
+        peak >> 20
+    );
+    assert_eq!(get(&host, "/api/health").await.0, 200);
+}

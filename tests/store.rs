@@ -100,6 +100,78 @@ async fn concurrent_creations_over_two_hosts_give_exactly_one_201_per_email() {
     assert_eq!(on_a.into_iter().collect::<HashSet<_>>(), created);
 }
 
+/// The largest user the contract allows, made unique by `i`: 200 four-byte characters of name,
+/// 254 characters of e-mail, nearly all of them four-byte.
+fn largest_user(i: usize) -> (String, String) {
+    let wide = |count| "\u{1F600}".repeat(count);
+    let email = format!("{i:06}{}@{}.io", wide(114), wide(130));
+    assert_eq!(email.chars().count(), 254);
+    (wide(200), email)
+}
+
+#[tokio::test]
+async fn the_memory_store_refuses_users_past_its_bytes_and_grows_no_further() {
+    const MAX_STORE_MB: u64 = 16;
+    let bound = MAX_STORE_MB << 20;
+    let host = Host::builder()
+        .env(&[("MAX_STORE_MB", &MAX_STORE_MB.to_string())])
+        .start();
+    // Eight at a time, as below: the instances' memory regions and stacks are in the pools
+    // before the baseline.
+    support::lists::create_many(&host, 160, 8, "Warm").await;
+    let before = host.resident_bytes();
+    let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let created = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let creators: Vec<_> = (0..8)
+        .map(|_| {
+            let (base_url, next, created) = (host.base_url.clone(), next.clone(), created.clone());
+            tokio::spawn(async move {
+                let client = client();
+                // Far more than the bound holds: a store bounded only in users takes them all.
+                loop {
+                    let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    if i >= 20_000 {
+                        return None;
+                    }
+                    let (name, email) = largest_user(i);
+                    match create_with(&client, &base_url, &name, &email).await {
+                        (201, _) => created.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+                        (status, body) => return Some((status, body)),
+                    };
+                }
+            })
+        })
+        .collect();
+    for creator in creators {
+        let refusal = creator.await.unwrap();
+        assert_eq!(
+            refusal,
+            Some((503, json!({"error": "User store is full"}))),
+            "every creator ends on a full store"
+        );
+    }
+    let created = created.load(std::sync::atomic::Ordering::Relaxed) as u64;
+    // About 3,100 bytes each, as measured: the bound holds that many and no more.
+    assert!(
+        (bound / 3_300..=bound / 3_000).contains(&created),
+        "{created} users in {MAX_STORE_MB} MiB"
+    );
+    let grown = host.resident_bytes().saturating_sub(before);
+    eprintln!(
+        "{created} users of the largest size in {MAX_STORE_MB} MiB; the host grew by {} MiB",
+        grown >> 20
+    );
+    assert!(
+        grown < bound + (12 << 20),
+        "the host grew by {} MiB for a {MAX_STORE_MB} MiB store",
+        grown >> 20
+    );
+    let (name, email) = largest_user(20_000);
+    let (status, _) = try_create(&host.base_url, &name, &email).await;
+    assert_eq!(status, 503, "the store stays full");
+    assert_eq!(listed_ids(&host).await.len() as u64, created + 160);
+}
+
 #[tokio::test]
 async fn the_cap_holds_across_hosts() {
     let store = Store::postgres();

@@ -421,6 +421,54 @@ async fn malformed_spans_records_and_metrics_are_dropped_and_counted() {
 }
 
 #[tokio::test]
+async fn ids_written_without_their_leading_zeros_are_padded_and_an_all_zero_id_is_dropped() {
+    let mut agent = Agent::start();
+    let port = agent.port.to_string();
+    let mut host = hostile_host(&[
+        ("OTEL_EXPORTER_JAEGER_AGENT_HOST", "127.0.0.1"),
+        ("OTEL_EXPORTER_JAEGER_AGENT_PORT", &port),
+        ("OTEL_BSP_SCHEDULE_DELAY", "100"),
+    ]);
+    // A trace id whose top three digits are 0, as one in 4,096 is.
+    let trace = 0x0000_af76_5191_6cd4_3dd8_448e_b211_c803_u128;
+    let response = client()
+        .get(host.url("/otel-short-ids"))
+        .header("x-request-id", "short-ids")
+        .header(
+            "traceparent",
+            format!("00-{trace:032x}-b7ad6b7169203331-01"),
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    let body: Value = response.json().await.unwrap();
+    assert_eq!(
+        body["trace_id"],
+        format!("{trace:x}"),
+        "the guest wrote 29 digits"
+    );
+    let spans = agent.wait_for(|spans| {
+        server_span(spans, "short-ids").is_some_and(|server| {
+            child(spans, server, "short")
+                .is_some_and(|short| child(spans, short, "short-child").is_some())
+        })
+    });
+    let server = server_span(&spans, "short-ids").unwrap();
+    assert_eq!(server.trace_id, trace);
+    let short = child(&spans, server, "short").unwrap();
+    assert_eq!((short.trace_id, short.span_id), (trace, 0xb1));
+    let short_child = child(&spans, short, "short-child").unwrap();
+    assert_eq!(
+        (short_child.span_id, short_child.parent_span_id),
+        (0xb2, 0xb1)
+    );
+    assert!(!spans.iter().any(|span| span.operation_name == "short-zero"));
+    assert_eq!(dropped(&scrape(&host).await, "span"), 1.0);
+    assert!(host.is_running());
+}
+
+#[tokio::test]
 async fn a_flood_through_wasi_otel_leaves_the_host_alive_bounded_and_counting() {
     let mut agent = Agent::start();
     let port = agent.port.to_string();

@@ -328,12 +328,15 @@ mod tests {
             "10",
             "--max-users",
             "3",
+            "--max-store-mb",
+            "5",
         ]);
         assert_eq!(config.runtime.guest, PathBuf::from("g.wasm"));
         assert_eq!(config.edge.listen_addr().to_string(), "127.0.0.1:9000");
         assert!(config.runtime.watch);
         assert_eq!(config.edge.max_body_bytes, 10);
         assert_eq!(config.users.max_users, 3);
+        assert_eq!(config.users.max_store_bytes(), 5 << 20);
     }
 
     #[test]
@@ -364,7 +367,10 @@ mod tests {
     #[test]
     fn the_store_is_memory_unless_a_postgres_url_is_given() {
         let memory = flags(&["--store", "memory"]);
-        assert!(matches!(memory.store_choice(), Ok(StoreChoice::Memory)));
+        assert!(matches!(
+            memory.store_choice(),
+            Ok(StoreChoice::Memory { .. })
+        ));
         let url = "postgres://app:hunter2@db:5432/users";
         let postgres = flags(&["--store", url, "--store-pool-size", "3"]);
         let Ok(StoreChoice::Postgres(settings)) = postgres.store_choice() else {
@@ -378,7 +384,10 @@ mod tests {
             Ok(StoreChoice::Postgres(_))
         ));
         let store_wins = read(&[], &[("DATABASE_URL", url), ("USER_STORE", "memory")]).unwrap();
-        assert!(matches!(store_wins.store_choice(), Ok(StoreChoice::Memory)));
+        assert!(matches!(
+            store_wins.store_choice(),
+            Ok(StoreChoice::Memory { .. })
+        ));
     }
 
     #[test]

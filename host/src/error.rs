@@ -106,6 +106,10 @@ pub enum RequestError {
     /// Every guest instance slot stayed busy for longer than a request may wait: 503.
     #[error("no guest instance slot came free in time")]
     Busy,
+    /// The guest memory budget could not give the instance what it needed (linear memory, or
+    /// room for the objects it made on the host's side): 503.
+    #[error("the guest memory budget is spent")]
+    OverBudget(#[source] wasmtime::Error),
     /// The guest trapped (a panic, a wasm fault) or a host call it made failed: 500.
     #[error("the guest failed")]
     Trapped(#[source] wasmtime::Error),
@@ -137,6 +141,37 @@ pub fn one_line(error: &(dyn std::error::Error + 'static)) -> String {
         source = cause.source();
     }
     text.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+/// `value`'s `Debug` text, cut after `max` bytes (and marked so): a guest's error code may
+/// carry a string as large as its memory, which is never escaped whole.
+pub fn bounded_debug(value: &impl std::fmt::Debug, max: usize) -> String {
+    use std::fmt::Write;
+    /// Text that takes `max` bytes, then refuses more, which stops the formatting.
+    struct Bounded {
+        text: String,
+        max: usize,
+    }
+    impl Write for Bounded {
+        fn write_str(&mut self, piece: &str) -> std::fmt::Result {
+            let room = self.max - self.text.len();
+            if piece.len() > room {
+                self.text
+                    .push_str(&piece[..piece.floor_char_boundary(room)]);
+                return Err(std::fmt::Error);
+            }
+            self.text.push_str(piece);
+            Ok(())
+        }
+    }
+    let mut bounded = Bounded {
+        text: String::new(),
+        max,
+    };
+    if write!(bounded, "{value:?}").is_err() {
+        bounded.text.push_str("...");
+    }
+    bounded.text
 }
 
 /// Why a component is refused before it is linked.
@@ -199,6 +234,15 @@ impl HostFault {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_debug_text_past_its_bound_is_cut_at_a_character_and_marked() {
+        assert_eq!(bounded_debug(&Some("ab"), 100), "Some(\"ab\")");
+        let long = Some("é".repeat(1000));
+        let cut = bounded_debug(&long, 10);
+        assert!(cut.len() <= 13 && cut.ends_with("..."), "{cut}");
+        assert!(cut.starts_with("Some(\"é"), "{cut}");
+    }
 
     #[test]
     fn one_line_names_every_cause_once_without_newlines() {

@@ -10,9 +10,15 @@ use super::{Host, client, create_with};
 /// A connection that has asked for the whole list and read none of it yet. Its receive window
 /// is small, so the list cannot hide in the socket buffers.
 pub async fn ask_for_the_list(host: &Host) -> tokio::net::TcpStream {
+    ask_for_the_list_from(host, [127, 0, 0, 1]).await
+}
+
+/// [`ask_for_the_list`] from the loopback address `from`, so the host sees another peer.
+pub async fn ask_for_the_list_from(host: &Host, from: [u8; 4]) -> tokio::net::TcpStream {
     use tokio::io::AsyncWriteExt;
     let socket = tokio::net::TcpSocket::new_v4().unwrap();
     socket.set_recv_buffer_size(4096).unwrap();
+    socket.bind(std::net::SocketAddr::from((from, 0))).unwrap();
     let mut stream = socket
         .connect(host.authority().parse().unwrap())
         .await

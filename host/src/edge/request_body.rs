@@ -6,10 +6,17 @@
 //! the guest read it or named the request's route without answering 405. A guest that answers
 //! an unknown path (no route named) or a wrong method keeps its answer, so the host needs no
 //! knowledge of routes.
+//!
+//! Bodies held host-wide share one budget ([`BodyBuffers`]), of which the bodies of one peer
+//! (one client address) may hold at most a [`PEER_SHARE`]th: a client that opens many
+//! connections and stalls each half-way through its body fills its own share, not the room
+//! every other client's request needs.
 
+use std::collections::HashMap;
+use std::net::IpAddr;
 use std::pin::Pin;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll};
 
 use bytes::{Bytes, BytesMut};
@@ -29,21 +36,70 @@ pub enum BodyError {
     NoRoom,
 }
 
+/// The part of the body budget one peer's bodies may hold together: one eighth.
+pub const PEER_SHARE: usize = 8;
+
 /// The bytes all request bodies together may hold in the host while they are read and until
 /// their guest is done with them: with thousands of connections each allowed
 /// `--max-body-bytes`, the per-body limit alone bounds nothing.
 pub struct BodyBuffers {
     limit: usize,
+    /// The most the bodies of one peer may hold together.
+    peer_limit: usize,
     held: AtomicUsize,
+    /// What the bodies of each peer that holds any hold.
+    by_peer: Mutex<HashMap<IpAddr, usize>>,
 }
 
 impl BodyBuffers {
-    /// A budget of `limit` bytes.
-    pub fn new(limit: usize) -> Arc<BodyBuffers> {
+    /// A budget of `limit` bytes, a [`PEER_SHARE`]th of it for each peer, but never less than
+    /// what one body of `max_body_bytes` may reserve (twice that: its buffer doubles).
+    pub fn new(limit: usize, max_body_bytes: usize) -> Arc<BodyBuffers> {
         Arc::new(BodyBuffers {
             limit,
+            peer_limit: (limit / PEER_SHARE)
+                .max(max_body_bytes.saturating_mul(2))
+                .min(limit),
             held: AtomicUsize::new(0),
+            by_peer: Mutex::default(),
         })
+    }
+
+    /// Takes `more` bytes for `peer`, if its share and the whole budget have them.
+    fn take(&self, peer: Option<IpAddr>, more: usize) -> bool {
+        let mut by_peer = peer.map(|_| self.by_peer.lock().unwrap_or_else(PoisonError::into_inner));
+        if let (Some(by_peer), Some(peer)) = (&by_peer, peer)
+            && by_peer.get(&peer).copied().unwrap_or(0) + more > self.peer_limit
+        {
+            return false;
+        }
+        let taken = self
+            .held
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |held| {
+                held.checked_add(more).filter(|sum| *sum <= self.limit)
+            })
+            .is_ok();
+        if taken && let (Some(by_peer), Some(peer)) = (&mut by_peer, peer) {
+            *by_peer.entry(peer).or_default() += more;
+        }
+        taken
+    }
+
+    /// Gives back `bytes` taken for `peer`.
+    fn give_back(&self, peer: Option<IpAddr>, bytes: usize) {
+        if bytes == 0 {
+            return;
+        }
+        self.held.fetch_sub(bytes, Ordering::AcqRel);
+        if let Some(peer) = peer {
+            let mut by_peer = self.by_peer.lock().unwrap_or_else(PoisonError::into_inner);
+            if let Some(held) = by_peer.get_mut(&peer) {
+                *held -= bytes;
+                if *held == 0 {
+                    by_peer.remove(&peer);
+                }
+            }
+        }
     }
 
     /// Bytes held now.
@@ -52,26 +108,24 @@ impl BodyBuffers {
     }
 }
 
-/// Bytes of the [`BodyBuffers`] budget one body holds; given back when dropped.
+/// Bytes of the [`BodyBuffers`] budget one body of one peer holds; given back when dropped.
 #[derive(Default)]
 pub struct Reservation {
     buffers: Option<Arc<BodyBuffers>>,
+    /// The client's address, when the request came over a socket.
+    peer: Option<IpAddr>,
     bytes: usize,
 }
 
 impl Reservation {
-    /// Holds `total` bytes in all, if the budget has the difference; `false` if not.
+    /// Holds `total` bytes in all, if the budget and the peer's share have the difference;
+    /// `false` if not.
     fn grow_to(&mut self, total: usize) -> bool {
         let Some(buffers) = &self.buffers else {
             return true;
         };
         let more = total.saturating_sub(self.bytes);
-        let taken = buffers
-            .held
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |held| {
-                held.checked_add(more).filter(|sum| *sum <= buffers.limit)
-            })
-            .is_ok();
+        let taken = buffers.take(self.peer, more);
         if taken {
             self.bytes += more;
         }
@@ -82,7 +136,7 @@ impl Reservation {
 impl Drop for Reservation {
     fn drop(&mut self) {
         if let Some(buffers) = &self.buffers {
-            buffers.held.fetch_sub(self.bytes, Ordering::AcqRel);
+            buffers.give_back(self.peer, self.bytes);
         }
     }
 }
@@ -103,7 +157,7 @@ pub enum ReadBody {
 }
 
 /// The whole body, or [`ReadBody::OverLimit`] as soon as it is known to exceed `limit`, with
-/// the bytes of `buffers` it holds.
+/// the bytes of `buffers` it holds, counted in the share of `peer` (the client's address).
 ///
 /// Each chunk is copied into one buffer as it arrives and its budget taken before the copy: a
 /// body sent a byte at a time would otherwise pin one of hyper's 8 KiB read buffers per byte.
@@ -112,6 +166,7 @@ pub async fn read_body(
     headers: &HeaderMap,
     limit: usize,
     buffers: &Arc<BodyBuffers>,
+    peer: Option<IpAddr>,
 ) -> Result<(ReadBody, Reservation), BodyError> {
     let declared = headers
         .get(header::CONTENT_LENGTH)
@@ -121,6 +176,7 @@ pub async fn read_body(
     }
     let mut reservation = Reservation {
         buffers: Some(Arc::clone(buffers)),
+        peer,
         bytes: 0,
     };
     let mut collected = BytesMut::new();
@@ -219,18 +275,20 @@ impl Body for GuestRequestBody {
 mod tests {
     use super::*;
 
+    fn reservation(buffers: &Arc<BodyBuffers>, peer: Option<[u8; 4]>) -> Reservation {
+        Reservation {
+            buffers: Some(Arc::clone(buffers)),
+            peer: peer.map(IpAddr::from),
+            bytes: 0,
+        }
+    }
+
     #[test]
     fn a_reservation_takes_only_what_the_budget_has_and_gives_it_back() {
-        let buffers = BodyBuffers::new(100);
-        let mut first = Reservation {
-            buffers: Some(Arc::clone(&buffers)),
-            bytes: 0,
-        };
+        let buffers = BodyBuffers::new(100, 100);
+        let mut first = reservation(&buffers, None);
         assert!(first.grow_to(60));
-        let mut second = Reservation {
-            buffers: Some(Arc::clone(&buffers)),
-            bytes: 0,
-        };
+        let mut second = reservation(&buffers, None);
         assert!(!second.grow_to(60), "over the budget");
         assert!(second.grow_to(40));
         assert_eq!(buffers.held(), 100);
@@ -238,6 +296,35 @@ mod tests {
         assert_eq!(buffers.held(), 40);
         drop(second);
         assert_eq!(buffers.held(), 0);
+    }
+
+    #[test]
+    fn one_peers_bodies_fill_its_share_and_leave_the_rest_to_other_peers() {
+        let buffers = BodyBuffers::new(800, 10);
+        let attacker = Some([127, 0, 0, 2]);
+        let mut stalled: Vec<_> = (0..20).map(|_| reservation(&buffers, attacker)).collect();
+        let taken = stalled
+            .iter_mut()
+            .map(|body| body.grow_to(10))
+            .filter(|&taken| taken)
+            .count();
+        assert_eq!(taken, 10, "a share is an eighth of 800");
+        let mut fresh = reservation(&buffers, Some([127, 0, 0, 3]));
+        assert!(fresh.grow_to(100));
+        stalled.clear();
+        assert_eq!(buffers.held(), 100);
+        assert_eq!(
+            buffers.by_peer.lock().unwrap().len(),
+            1,
+            "no entry for a peer at 0"
+        );
+        assert!(reservation(&buffers, attacker).grow_to(100));
+    }
+
+    #[test]
+    fn a_share_always_holds_one_whole_body() {
+        let buffers = BodyBuffers::new(800, 300);
+        assert!(reservation(&buffers, Some([10, 0, 0, 1])).grow_to(300));
     }
 
     #[tokio::test]

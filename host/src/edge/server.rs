@@ -8,6 +8,7 @@
 
 use std::convert::Infallible;
 use std::future::Future;
+use std::net::IpAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -97,7 +98,7 @@ impl App {
             users,
             metrics,
             connections: ConnectionTable::new(limits.max_connections),
-            body_buffers: BodyBuffers::new(limits.body_buffer_bytes),
+            body_buffers: BodyBuffers::new(limits.body_buffer_bytes, limits.max_body_bytes),
             limits,
         }
     }
@@ -150,12 +151,14 @@ impl App {
             return closing_if_unread(refused, request.body());
         }
         let connection = request.extensions().get::<Arc<Ticket>>().cloned();
+        let peer = request.extensions().get::<Peer>().map(|peer| peer.0);
         let (mut parts, body) = request.into_parts();
         let reading = read_body(
             body,
             &parts.headers,
             self.limits.max_body_bytes,
             &self.body_buffers,
+            peer,
         );
         let read = tokio::time::timeout(self.limits.body_timeout, reading)
             .await
@@ -232,6 +235,7 @@ impl App {
         let request = Request::from_parts(parts, body);
         let context = RequestContext::new(
             Arc::clone(&self.users),
+            peer,
             Arc::clone(&self.metrics),
             span.clone(),
             Arc::clone(matched_route),
@@ -247,7 +251,9 @@ impl App {
                     RequestError::Timeout => {
                         (StatusCode::SERVICE_UNAVAILABLE, responses::TIMED_OUT)
                     }
-                    RequestError::Busy => (StatusCode::SERVICE_UNAVAILABLE, responses::BUSY),
+                    RequestError::Busy | RequestError::OverBudget(_) => {
+                        (StatusCode::SERVICE_UNAVAILABLE, responses::BUSY)
+                    }
                     _ => (StatusCode::INTERNAL_SERVER_ERROR, responses::INTERNAL_ERROR),
                 };
                 // The request's log line says why (this error wins over any earlier fault).
@@ -397,6 +403,25 @@ fn is_host_and_port(text: &[u8]) -> bool {
     }
 }
 
+/// Who a request came from, as the host shares out request bodies and instance slots: its
+/// IPv4 address, or the /64 network of its IPv6 address (what one IPv6 client is given).
+/// Behind a proxy every client is the proxy.
+#[derive(Clone, Copy)]
+struct Peer(IpAddr);
+
+impl Peer {
+    /// The peer of a connection from `address`.
+    fn of(address: IpAddr) -> Peer {
+        match address {
+            IpAddr::V4(v4) => Peer(IpAddr::V4(v4)),
+            IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+                Some(v4) => Peer(IpAddr::V4(v4)),
+                None => Peer(IpAddr::V6((u128::from(v6) & !u128::from(u64::MAX)).into())),
+            },
+        }
+    }
+}
+
 /// Bytes of a response the kernel holds for a client beyond what is in flight to it.
 const MAX_UNSENT_BYTES: u32 = 16 * 1024;
 
@@ -417,9 +442,9 @@ pub async fn serve(listener: TcpListener, app: Arc<App>, shutdown: impl Future<O
     let connections = GracefulShutdown::new();
     tokio::pin!(shutdown);
     loop {
-        let mut stream = tokio::select! {
+        let (mut stream, peer) = tokio::select! {
             accepted = listener.accept() => match accepted {
-                Ok((stream, _peer)) => stream,
+                Ok((stream, peer)) => (stream, peer.ip()),
                 Err(error) => {
                     // Usually out of file descriptors: back off instead of spinning.
                     tracing::warn!(%error, "accept failed");
@@ -453,6 +478,7 @@ pub async fn serve(listener: TcpListener, app: Arc<App>, shutdown: impl Future<O
             async move {
                 ticket.enter(Phase::ReadingBody);
                 request.extensions_mut().insert(Arc::clone(&ticket));
+                request.extensions_mut().insert(Peer::of(peer));
                 let response = app.handle(request).await;
                 if is_closing(&response) {
                     // The client may still be sending the rest: it must get to read this answer.
@@ -505,6 +531,15 @@ mod tests {
         let mut headers = HeaderMap::new();
         headers.insert(REQUEST_ID, HeaderValue::from_bytes(id).unwrap());
         headers
+    }
+
+    #[test]
+    fn a_peer_is_an_ipv4_address_or_the_64_network_of_an_ipv6_one() {
+        let peer = |text: &str| Peer::of(text.parse().unwrap()).0.to_string();
+        assert_eq!(peer("127.0.0.2"), "127.0.0.2");
+        assert_eq!(peer("::ffff:10.0.0.7"), "10.0.0.7");
+        assert_eq!(peer("2001:db8:1:2:aaaa:bbbb:cccc:dddd"), "2001:db8:1:2::");
+        assert_eq!(peer("2001:db8:1:2::1"), peer("2001:db8:1:2:ffff::9"));
     }
 
     #[test]

@@ -14,6 +14,7 @@ use std::time::Duration;
 use wasmtime::{ResourceLimiter, StoreLimits, StoreLimitsBuilder};
 
 use crate::observability::cost::RequestCost;
+use crate::runtime::held::HeldObjects;
 use crate::runtime::pool::{BudgetSpent, MemoryBudget, MemoryPool, StackPool};
 use crate::runtime::slots::InstanceSlots;
 
@@ -30,6 +31,8 @@ const TABLE_ELEMENTS: usize = 20_000;
 /// Async stacks per slot: a store runs its instantiation and its call on one fiber at a time;
 /// two leave room for wasmtime keeping one stack while it starts the next.
 const STACKS_PER_INSTANCE: usize = 2;
+/// The part of the memory budget one instance's host objects may hold at most: one eighth.
+pub const HELD_SHARE_OF_BUDGET: usize = 8;
 /// Each instance's async stack: the host calls it makes run on it too (wasmtime's default).
 pub const GUEST_STACK_BYTES: usize = 2 << 20;
 
@@ -59,7 +62,8 @@ pub struct GuestCapacity {
     pub memories: Arc<MemoryPool>,
     /// Async stacks of every instance.
     pub stacks: Arc<StackPool>,
-    /// The linear memory all instances together may grow to.
+    /// What all instances together may make the host hold: their linear memory and their
+    /// objects on the host's side.
     pub budget: Arc<MemoryBudget>,
     /// The running and streaming instance slots.
     pub(super) slots: InstanceSlots,
@@ -113,6 +117,19 @@ impl GuestCapacity {
             over_budget,
             cost,
         }
+    }
+
+    /// The account of the objects one instance's handles hold on the host's side, for a
+    /// request whose client sent `headers`, charged to the same budget as linear memory: at
+    /// most the instance's own memory limit, and at most the budget over
+    /// [`HELD_SHARE_OF_BUDGET`], so that a few hoarding instances never spend what every other
+    /// request needs.
+    pub fn held_objects(&self, headers: &http::HeaderMap) -> HeldObjects {
+        let limit = self
+            .limits
+            .memory_bytes
+            .min(self.limits.memory_budget_bytes / HELD_SHARE_OF_BUDGET);
+        HeldObjects::new(Arc::clone(&self.budget), limit, headers)
     }
 
     /// Gives back the regions and stacks no instance needed since the last trim.

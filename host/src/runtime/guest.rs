@@ -10,7 +10,7 @@ use wasmtime::{Store, UpdateDeadline};
 use wasmtime_wasi_http::WasiHttpView;
 use wasmtime_wasi_http::p2::bindings::http::types::Scheme;
 
-use crate::error::{RequestError, one_line};
+use crate::error::{RequestError, bounded_debug, one_line};
 use crate::interfaces::bindings::ServicePre;
 use crate::observability::cost::{RequestCost, timed};
 use crate::observability::request_fields::in_current_request;
@@ -18,8 +18,12 @@ use crate::observability::request_span::in_log_context;
 use crate::observability::routes::RouteTemplates;
 use crate::runtime::capacity::{GuestCapacity, GuestLimits};
 use crate::runtime::guest_body::GuestBody;
+use crate::runtime::held::TooMuchHeld;
 use crate::runtime::pool::BUDGET_SPENT;
 use crate::runtime::store::{RequestContext, RequestState, new_store};
+
+/// The most of a guest's error code the host writes in its log line.
+const MAX_ERROR_CODE_TEXT: usize = 512;
 
 /// The trap raised when a request outlives its deadline.
 #[derive(Debug)]
@@ -74,7 +78,8 @@ impl Guest {
         B: http_body::Body<Data = bytes::Bytes> + Send + 'static,
         B::Error: Into<wasmtime_wasi_http::Error>,
     {
-        let permit = self.capacity.slots.acquire_running().await?;
+        let permit = self.capacity.slots.acquire_running(context.peer()).await?;
+        let held = self.capacity.held_objects(request.headers());
         let metrics = context.metrics();
         let over_budget = Arc::new(AtomicBool::new(false));
         let cost = Arc::new(RequestCost::default());
@@ -85,6 +90,7 @@ impl Guest {
             Arc::clone(&self.route_templates),
             self.capacity
                 .limiter(Arc::clone(&over_budget), Arc::clone(&cost)),
+            held,
             Arc::clone(&cost),
         );
         // Every tick the guest yields its thread; past the deadline it traps.
@@ -111,7 +117,7 @@ impl Guest {
         // A guest blocked in a host call (a client that does not read its body, a slow store)
         // cannot be interrupted by epochs: this is the backstop, for the whole exchange.
         let backstop = self.limits.request_timeout + Duration::from_secs(1);
-        let instance_permit = Arc::clone(&permit);
+        let instance_permit = permit.clone();
         // Boxed where it is made: the instance's future (linking and the guest's call inside)
         // is kilobytes large, and each wrapper and the spawn would otherwise copy it whole.
         let instance = Box::pin(async move {
@@ -149,21 +155,30 @@ impl Guest {
         };
         match answer {
             Ok(Ok(response)) => {
-                self.capacity.slots.start_streaming(&permit);
+                self.capacity
+                    .slots
+                    .start_streaming(&permit, task.abort_handle());
                 Ok(response.map(|body| GuestBody::new(body, task)))
             }
-            Ok(Err(code)) => Err(RequestError::ErrorCode(format!("{code:?}"))),
+            Ok(Err(code)) => Err(RequestError::ErrorCode(bounded_debug(
+                &code,
+                MAX_ERROR_CODE_TEXT,
+            ))),
             // The sender is dropped with the store: the task has ended without a response.
             Err(_) => Err(match task.await {
                 Ok(Ok(())) => RequestError::NoResponse,
                 Ok(Err(trap)) if trap.is::<DeadlineExceeded>() => RequestError::Timeout,
                 // The host, not the guest, ran short: the instance could not get its memory
-                // (a refused new memory reaches here only as wasmtime's text of the refusal).
+                // (a refused new memory reaches here only as wasmtime's text of the refusal),
+                // or the objects it made on the host's side did not fit.
                 Ok(Err(trap))
                     if over_budget.load(Ordering::Acquire)
+                        || trap
+                            .downcast_ref::<TooMuchHeld>()
+                            .is_some_and(TooMuchHeld::by_budget)
                         || one_line(&*trap).contains(BUDGET_SPENT) =>
                 {
-                    RequestError::Busy
+                    RequestError::OverBudget(trap)
                 }
                 Ok(Err(trap)) => RequestError::Trapped(trap),
                 Err(join_error) => RequestError::Task(join_error),

@@ -6,9 +6,10 @@
 //! - [`cache`]: compiled components on disk, keyed by their bytes and the engine;
 //! - [`admission`]: what a component must be before it is linked (UTF-8 strings to the host);
 //! - [`capacity`]: the pools, memory budget, store limits and slots, all sized from the flags;
+//! - [`held`]: what a guest's handles make the host hold, charged to the memory budget;
 //! - [`pool`]: the linear memories and stacks instances reuse, without page-protection changes;
 //! - [`page_scan`]: which pages of a pooled memory or stack were touched, from the page tables;
-//! - [`slots`]: the two budgets of instance slots, running and streaming;
+//! - [`slots`]: the two budgets of instance slots, running and streaming, and each peer's share;
 //! - [`store`]: what one request's store holds: WASI, `wasi:http`, and the service's
 //!   interfaces, each on its own state;
 //! - [`guest`]: one request through a fresh instance;
@@ -25,6 +26,7 @@ pub mod capacity;
 pub mod engine;
 pub mod guest;
 pub mod guest_body;
+pub mod held;
 pub mod page_scan;
 pub mod pool;
 pub mod probe;

@@ -317,7 +317,9 @@ impl std::error::Error for BudgetSpent {}
 /// on as text.
 pub const BUDGET_SPENT: &str = "the guest memory budget is spent";
 
-/// The linear memory all guest instances together may grow to, however many there are.
+/// The memory all guest instances together may make the host hold, however many there are:
+/// their linear memories, and the objects their handles keep on the host's side (weighed in
+/// `runtime::held`).
 pub struct MemoryBudget {
     limit: usize,
     committed: AtomicUsize,
@@ -341,7 +343,7 @@ impl MemoryBudget {
     }
 
     /// Takes `bytes` from the budget, if they fit.
-    fn commit(&self, bytes: usize) -> bool {
+    pub fn commit(&self, bytes: usize) -> bool {
         self.committed
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |committed| {
                 committed
@@ -351,11 +353,12 @@ impl MemoryBudget {
             .is_ok()
     }
 
-    fn release(&self, bytes: usize) {
+    /// Gives back `bytes` taken by [`MemoryBudget::commit`].
+    pub fn release(&self, bytes: usize) {
         self.committed.fetch_sub(bytes, Ordering::AcqRel);
     }
 
-    /// Bytes of linear memory live instances hold now.
+    /// Bytes live instances hold of the budget now.
     pub fn committed(&self) -> usize {
         self.committed.load(Ordering::Relaxed)
     }

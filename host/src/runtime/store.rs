@@ -3,12 +3,15 @@
 //! interfaces, each on its own state; and the limits wasmtime enforces on the instance.
 //!
 //! It gets no preopened directories, no environment, no arguments, no sockets and no outgoing
-//! HTTP: the WASI context is empty and outgoing requests are refused.
+//! HTTP: the WASI context is empty and outgoing requests are refused. What its handles hold on
+//! the host's side is weighed after every host call and charged to the memory budget
+//! ([`crate::runtime::held`]).
 
+use std::net::IpAddr;
 use std::sync::Arc;
 
 use wasmtime::component::ResourceTable;
-use wasmtime::{Engine, Store};
+use wasmtime::{CallHook, Engine, Store};
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 use wasmtime_wasi_http::p2::bindings::http::types::ErrorCode;
 use wasmtime_wasi_http::{WasiHttpCtx, WasiHttpCtxView, WasiHttpHooks, WasiHttpView};
@@ -22,6 +25,7 @@ use crate::observability::metrics::Metrics;
 use crate::observability::request_span::RequestSpan;
 use crate::observability::routes::{MatchedRoute, RouteTemplates};
 use crate::runtime::capacity::InstanceLimiter;
+use crate::runtime::held::{BODY_BUFFER_CHUNKS, BODY_CHUNK_BYTES, FIELDS_LIMIT_BYTES, HeldObjects};
 use crate::user_store::UserStore;
 
 /// Resource handles one request's guest may hold at once (streams, fields, spans...): far more
@@ -33,6 +37,9 @@ pub const MAX_RESOURCES_PER_REQUEST: usize = 16 * 1024;
 pub struct RequestContext {
     /// The shared store behind the `users` interface.
     users: Arc<UserStore>,
+    /// The client's address, for its share of the instance slots; `None` for requests the
+    /// host sends itself.
+    peer: Option<IpAddr>,
     /// Where the request is reported; `None` for requests the host sends itself.
     reporting: Option<Reporting>,
 }
@@ -49,10 +56,11 @@ struct Reporting {
 }
 
 impl RequestContext {
-    /// A client's request inside `request_span`, on `users`, counted in `metrics`: the route
-    /// its guest names goes to `matched_route`, a store failure to `host_fault`.
+    /// A client's request from `peer` inside `request_span`, on `users`, counted in `metrics`:
+    /// the route its guest names goes to `matched_route`, a store failure to `host_fault`.
     pub fn new(
         users: Arc<UserStore>,
+        peer: Option<IpAddr>,
         metrics: Arc<Metrics>,
         request_span: RequestSpan,
         matched_route: Arc<MatchedRoute>,
@@ -60,6 +68,7 @@ impl RequestContext {
     ) -> RequestContext {
         RequestContext {
             users,
+            peer,
             reporting: Some(Reporting {
                 metrics,
                 request_span,
@@ -74,8 +83,14 @@ impl RequestContext {
     pub fn quiet(users: Arc<UserStore>) -> RequestContext {
         RequestContext {
             users,
+            peer: None,
             reporting: None,
         }
+    }
+
+    /// The client's address, if the request came from one.
+    pub fn peer(&self) -> Option<IpAddr> {
+        self.peer
     }
 
     /// Where `cost` is reported when the instance ends, if the request is a client's.
@@ -109,20 +124,26 @@ pub struct RequestState {
     otel: GuestOtel,
     /// The instance's resource limits and the host-wide memory budget, enforced by wasmtime.
     limits: InstanceLimiter,
+    /// What the objects in `table` hold of the memory budget.
+    held: HeldObjects,
     /// What the instance costs; its host calls are counted here.
     cost: Arc<RequestCost>,
 }
 
 /// The store of one request described by `context`, for an instance of a guest whose route
-/// labels are `route_templates`, within `limits`; its host calls are counted in `cost`.
+/// labels are `route_templates`, within `limits`, its objects' weight charged to `held`; its
+/// host calls are counted in `cost`.
 pub fn new_store(
     engine: &Engine,
     context: RequestContext,
     route_templates: Arc<RouteTemplates>,
     limits: InstanceLimiter,
+    held: HeldObjects,
     cost: Arc<RequestCost>,
 ) -> Store<RequestState> {
-    let RequestContext { users, reporting } = context;
+    let RequestContext {
+        users, reporting, ..
+    } = context;
     let (users, telemetry) = match reporting {
         Some(reporting) => (
             UserCalls::new(users, Arc::clone(&reporting.metrics), reporting.host_fault),
@@ -142,19 +163,30 @@ pub fn new_store(
         .build();
     let mut table = ResourceTable::new();
     table.set_max_capacity(MAX_RESOURCES_PER_REQUEST);
+    let mut http = WasiHttpCtx::new();
+    http.set_field_size_limit(FIELDS_LIMIT_BYTES);
     let state = RequestState {
         wasi,
-        http: WasiHttpCtx::new(),
+        http,
         table,
         hooks: DenyOutgoingRequests,
         users,
         telemetry,
         otel: GuestOtel::default(),
         limits,
+        held,
         cost,
     };
     let mut store = Store::new(engine, state);
     store.limiter(|state| &mut state.limits);
+    store.call_hook(|mut store, transition| {
+        if !matches!(transition, CallHook::ReturningFromHost) {
+            return Ok(());
+        }
+        let state = store.data_mut();
+        state.held.settle(&mut state.table)?;
+        Ok(())
+    });
     store
 }
 
@@ -226,5 +258,14 @@ impl WasiHttpHooks for DenyOutgoingRequests {
 
     fn p2_error_from_hyper(&mut self, _error: &hyper::Error) -> ErrorCode {
         ErrorCode::HttpProtocolError
+    }
+
+    // What an outgoing body may buffer: the weight it is charged (`runtime::held`).
+    fn p2_outgoing_body_buffer_chunks(&mut self) -> usize {
+        BODY_BUFFER_CHUNKS
+    }
+
+    fn p2_outgoing_body_chunk_size(&mut self) -> usize {
+        BODY_CHUNK_BYTES
     }
 }

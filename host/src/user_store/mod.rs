@@ -21,8 +21,11 @@ use postgres::{PostgresSettings, PostgresStore};
 
 /// What `--store` chose.
 pub enum StoreChoice {
-    /// Users in this process's memory.
-    Memory,
+    /// Users in this process's memory, taking at most `max_bytes` of it.
+    Memory {
+        /// `--max-store-mb` in bytes.
+        max_bytes: u64,
+    },
     /// Users in PostgreSQL.
     Postgres(Box<PostgresSettings>),
 }
@@ -36,16 +39,18 @@ pub enum UserStore {
 }
 
 impl UserStore {
-    /// An empty in-memory store that holds at most `capacity` users.
+    /// An empty in-memory store that holds at most `capacity` users, of any size.
     pub fn memory(capacity: u64) -> UserStore {
-        UserStore::Memory(MemoryStore::new(capacity))
+        UserStore::Memory(MemoryStore::new(capacity, u64::MAX))
     }
 
     /// The store `choice` names, ready to serve: on PostgreSQL connected and migrated, waiting a
     /// bounded time for the database to come up.
     pub async fn open(choice: StoreChoice, capacity: u64) -> Result<UserStore, Error> {
         Ok(match choice {
-            StoreChoice::Memory => UserStore::memory(capacity),
+            StoreChoice::Memory { max_bytes } => {
+                UserStore::Memory(MemoryStore::new(capacity, max_bytes))
+            }
             StoreChoice::Postgres(settings) => {
                 UserStore::Postgres(PostgresStore::open(*settings, capacity).await?)
             }

@@ -5,6 +5,7 @@ use std::time::Duration;
 use clap::Args;
 
 use crate::error::Error;
+use crate::machine::machine_memory;
 use crate::user_store::StoreChoice;
 use crate::user_store::postgres::PostgresSettings;
 
@@ -42,6 +43,11 @@ pub struct StoreSettings {
     #[arg(long, env = "MAX_USERS", default_value_t = DEFAULT_MAX_USERS)]
     pub max_users: u64,
 
+    /// Memory the users of the `memory` store may take, in MiB [default: an eighth of the
+    /// machine's memory]; creating a user past it answers 503 `User store is full`.
+    #[arg(long, env = "MAX_STORE_MB", value_parser = clap::value_parser!(u64).range(1..=16 << 20))]
+    pub max_store_mb: Option<u64>,
+
     /// PostgreSQL connections this host keeps open at most.
     #[arg(long, env = "STORE_POOL_SIZE", default_value_t = DEFAULT_STORE_POOL_SIZE,
           value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=1000))]
@@ -60,6 +66,13 @@ pub struct StoreSettings {
 }
 
 impl StoreSettings {
+    /// What the `memory` store's users may take: `--max-store-mb`, else an eighth of the
+    /// machine's memory (half of it is the guests' budget, an eighth the request bodies').
+    pub fn max_store_bytes(&self) -> u64 {
+        self.max_store_mb
+            .map_or(machine_memory() as u64 / 8, |mb| mb << 20)
+    }
+
     /// The store `--store` (or `USER_STORE`, or `DATABASE_URL`) names, its calls given up after
     /// [`store_call_timeout`] of `request_timeout`. An error never repeats the setting, which
     /// may hold a password.
@@ -67,7 +80,9 @@ impl StoreSettings {
         let setting = self.store.as_ref().or(self.database_url.as_ref());
         let setting = setting.map_or(MEMORY_STORE, |setting| setting.0.as_str());
         if setting == MEMORY_STORE {
-            return Ok(StoreChoice::Memory);
+            return Ok(StoreChoice::Memory {
+                max_bytes: self.max_store_bytes(),
+            });
         }
         if !(setting.starts_with("postgres://") || setting.starts_with("postgresql://")) {
             return Err(Error::StoreSetting(

@@ -215,7 +215,7 @@ fn wit_span_context(context: &SpanContext) -> WitSpanContext {
     }
 }
 
-/// A trace id the guest passed: exactly 32 hexadecimal digits, not all zero. Read within the
+/// A trace id the guest passed: at most 32 hexadecimal digits, not all zero. Read within the
 /// request's id allowance.
 fn trace_id<T: OtelView>(
     store: &mut StoreContextMut<'_, T>,
@@ -225,7 +225,7 @@ fn trace_id<T: OtelView>(
     Ok(text.and_then(|text| hex_id(&text, 32)).map(TraceId::from))
 }
 
-/// A span id the guest passed: exactly 16 hexadecimal digits, not all zero. Read within the
+/// A span id the guest passed: at most 16 hexadecimal digits, not all zero. Read within the
 /// request's id allowance.
 fn span_id<T: OtelView>(
     store: &mut StoreContextMut<'_, T>,
@@ -249,9 +249,12 @@ fn metered_id<T: OtelView>(
     text
 }
 
-/// `text` as an id of exactly `digits` hexadecimal digits (no sign, no prefix), unless zero.
+/// `text` as an id of at most `digits` hexadecimal digits (no sign, no prefix), unless zero.
+/// Fewer digits are the same id with its leading zeros left out, as the `wasi:otel` SDK's
+/// `format!("{:x}")` writes an id whose top digit is 0 (and its `from_hex` reads it back).
 fn hex_id(text: &str, digits: usize) -> Option<u128> {
-    if text.len() != digits || !text.bytes().all(|byte| byte.is_ascii_hexdigit()) {
+    if text.is_empty() || text.len() > digits || !text.bytes().all(|byte| byte.is_ascii_hexdigit())
+    {
         return None;
     }
     u128::from_str_radix(text, 16).ok().filter(|id| *id != 0)
@@ -347,14 +350,26 @@ mod tests {
     use super::*;
 
     #[test]
-    fn an_id_is_exactly_its_hexadecimal_digits_and_never_zero() {
+    fn an_id_is_at_most_its_hexadecimal_digits_and_never_zero() {
         assert_eq!(hex_id("00f067aa0ba902b7", 16), Some(0x00f0_67aa_0ba9_02b7));
         assert_eq!(hex_id("00F067AA0BA902B7", 16), Some(0x00f0_67aa_0ba9_02b7));
         assert_eq!(hex_id("0000000000000000", 16), None);
+        assert_eq!(hex_id("0", 16), None);
+        assert_eq!(hex_id("", 16), None);
         assert_eq!(hex_id("+0f067aa0ba902b7", 16), None);
-        assert_eq!(hex_id("00f067aa0ba902b", 16), None);
+        assert_eq!(hex_id("0x0f067aa0ba902b", 16), None);
         assert_eq!(hex_id("00f067aa0ba902b7a", 16), None);
+        assert_eq!(hex_id(&"f".repeat(33), 32), None);
         assert_eq!(hex_id("zzf067aa0ba902b7", 16), None);
+    }
+
+    #[test]
+    fn an_id_with_its_leading_zeros_left_out_is_the_same_id() {
+        assert_eq!(hex_id("f067aa0ba902b7", 16), Some(0x00f0_67aa_0ba9_02b7));
+        assert_eq!(hex_id("f067aa0ba902b7", 16), hex_id("00f067aa0ba902b7", 16));
+        let trace = "0af7651916cd43dd8448eb211c80319c";
+        assert_eq!(hex_id(&trace[1..], 32), hex_id(trace, 32));
+        assert_eq!(hex_id("1", 32), Some(1));
     }
 
     #[test]
