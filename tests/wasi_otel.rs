@@ -379,12 +379,7 @@ async fn a_guest_that_never_ends_is_shown_at_its_deadline_with_what_it_cost_so_f
 #[tokio::test]
 async fn malformed_spans_records_and_metrics_are_dropped_and_counted() {
     let mut agent = Agent::start();
-    let port = agent.port.to_string();
-    let mut host = hostile_host(&[
-        ("OTEL_EXPORTER_JAEGER_AGENT_HOST", "127.0.0.1"),
-        ("OTEL_EXPORTER_JAEGER_AGENT_PORT", &port),
-        ("OTEL_BSP_SCHEDULE_DELAY", "100"),
-    ]);
+    let mut host = host_with_agent(&agent, "hostile-guest", &[]);
     let response = client()
         .get(host.url("/otel-malformed"))
         .header("x-request-id", "malformed")
@@ -423,12 +418,7 @@ async fn malformed_spans_records_and_metrics_are_dropped_and_counted() {
 #[tokio::test]
 async fn ids_written_without_their_leading_zeros_are_padded_and_an_all_zero_id_is_dropped() {
     let mut agent = Agent::start();
-    let port = agent.port.to_string();
-    let mut host = hostile_host(&[
-        ("OTEL_EXPORTER_JAEGER_AGENT_HOST", "127.0.0.1"),
-        ("OTEL_EXPORTER_JAEGER_AGENT_PORT", &port),
-        ("OTEL_BSP_SCHEDULE_DELAY", "100"),
-    ]);
+    let mut host = host_with_agent(&agent, "hostile-guest", &[]);
     // A trace id whose top three digits are 0, as one in 4,096 is.
     let trace = 0x0000_af76_5191_6cd4_3dd8_448e_b211_c803_u128;
     let response = client()
@@ -471,12 +461,7 @@ async fn ids_written_without_their_leading_zeros_are_padded_and_an_all_zero_id_i
 #[tokio::test]
 async fn a_flood_through_wasi_otel_leaves_the_host_alive_bounded_and_counting() {
     let mut agent = Agent::start();
-    let port = agent.port.to_string();
-    let mut host = hostile_host(&[
-        ("OTEL_EXPORTER_JAEGER_AGENT_HOST", "127.0.0.1"),
-        ("OTEL_EXPORTER_JAEGER_AGENT_PORT", &port),
-        ("OTEL_BSP_SCHEDULE_DELAY", "100"),
-    ]);
+    let mut host = host_with_agent(&agent, "hostile-guest", &[]);
     let started = Instant::now();
     let response = client()
         .get(host.url("/otel-flood"))

@@ -146,29 +146,22 @@ impl InstanceSlots {
         let Slot::Running { peer, .. } = &mut *held else {
             return;
         };
-        let share = match peer.take() {
+        let place = match peer {
             Some(peer) => match Arc::clone(&peer.share.streaming).try_acquire_owned() {
-                Ok(place) => Some((place, peer)),
-                Err(_) => {
-                    *peer_slot(&mut held) = Some(peer);
-                    return self.overflow(instance);
-                }
+                Ok(place) => Some(place),
+                Err(_) => return self.overflow(instance),
             },
             None => None,
         };
-        match Arc::clone(&self.streaming).try_acquire_owned() {
-            // The running slot is released here, the instance counted under streaming.
-            Ok(slot) => {
-                *held = Slot::Streaming {
-                    _slot: slot,
-                    _share: share,
-                }
-            }
-            Err(_) => {
-                *peer_slot(&mut held) = share.map(|(_, peer)| peer);
-                self.overflow(instance);
-            }
-        }
+        let Ok(slot) = Arc::clone(&self.streaming).try_acquire_owned() else {
+            return self.overflow(instance);
+        };
+        let share = place.zip(peer.take());
+        // The running slot is released here, the instance counted under streaming.
+        *held = Slot::Streaming {
+            _slot: slot,
+            _share: share,
+        };
     }
 
     /// Records `instance` as streaming on a running slot, which a request may take back.
@@ -213,14 +206,6 @@ impl<'a> InLine<'a> {
 impl Drop for InLine<'_> {
     fn drop(&mut self) {
         self.0.fetch_sub(1, Ordering::AcqRel);
-    }
-}
-
-/// The peer of a running slot, to be put back after an attempt to stream.
-fn peer_slot(slot: &mut Slot) -> &mut Option<PeerRef> {
-    match slot {
-        Slot::Running { peer, .. } => peer,
-        Slot::Streaming { .. } => unreachable!("only a running slot is moved to streaming"),
     }
 }
 
