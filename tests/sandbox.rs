@@ -276,16 +276,7 @@ async fn a_burst_of_instances_gives_its_memory_back_once_idle() {
     );
     // Two trim periods with no request: every region mapped for the burst is unmapped.
     let period = host::runtime::pool::POOL_TRIM_PERIOD;
-    let deadline = Instant::now() + period * 3 + Duration::from_secs(2);
-    while host.resident_bytes() > idle + (12 << 20) {
-        assert!(
-            Instant::now() < deadline,
-            "resident memory stayed at {} MiB after the burst (idle {} MiB)",
-            host.resident_bytes() >> 20,
-            idle >> 20
-        );
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
+    wait_until_resident_under(&host, idle, 12 << 20, period * 3 + Duration::from_secs(2)).await;
     assert!(host.is_running());
     assert_eq!(get(&host, "/api/health").await.0, 200);
 }
@@ -416,6 +407,20 @@ async fn the_real_guest_out_of_its_memory_is_a_500_and_no_panic_line() {
     assert!(panics.is_empty(), "{panics:#?}");
 }
 
+/// Waits until `host` holds less than `idle` + `above` bytes, failing after `within`.
+async fn wait_until_resident_under(host: &Host, idle: u64, above: u64, within: Duration) {
+    let deadline = Instant::now() + within;
+    while host.resident_bytes() > idle + above {
+        assert!(
+            Instant::now() < deadline,
+            "the host held {} MiB {within:?} after (idle {} MiB)",
+            host.resident_bytes() >> 20,
+            idle >> 20
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
 /// What a `GET path` with a head of `head_bytes` of extra headers, sent as `request_id`,
 /// answered: its status.
 async fn hoard(host: &Host, path: &str, request_id: &str, head_bytes: usize) -> u16 {
@@ -478,16 +483,7 @@ async fn guests_hoarding_wasi_http_objects_fail_alone_within_the_budget_and_give
         idle >> 20,
         peak >> 20
     );
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while host.resident_bytes() > idle + (64 << 20) {
-        assert!(
-            Instant::now() < deadline,
-            "the host held {} MiB 10 s after (idle {} MiB)",
-            host.resident_bytes() >> 20,
-            idle >> 20
-        );
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
+    wait_until_resident_under(&host, idle, 64 << 20, Duration::from_secs(10)).await;
 
     // More hoarders than the budget has shares for: the budget, not only each one's share,
     // stops them, and the host holds no more than the budget.
