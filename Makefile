@@ -5,6 +5,13 @@ GUEST_TARGET := wasm32-wasip2
 # with the std fixtures the wasi crate's features would unify into std), and the fixtures under
 # tests/fixtures.
 FIXTURE_PACKAGES := -p panicking-guest -p minimal-guest -p command-component -p hostile-guest -p orders-guest -p otel-guest
+# Guests of other languages, built by their own toolchains, pinned and installed here (PyPI and
+# npm), never committed: tests/fixtures/python-guest and js-guest.
+GUEST_TOOLS := target/guest-tools
+PYTHON_GUEST := $(GUEST_TOOLS)/python-guest.wasm
+JS_GUEST := $(GUEST_TOOLS)/js-guest.wasm
+COMPONENTIZE_PY := componentize-py==0.25.1
+COMPONENTIZE_JS := @bytecodealliance/componentize-js@0.23.0
 
 .PHONY: build guests target run test fmt lint bench clean deploy-check conformance load live-checks
 
@@ -23,10 +30,41 @@ build: guests
 target:
 	rustup target add $(GUEST_TARGET)
 
-## guests: every guest component, the test fixtures included.
-guests: target
+## guests: every guest component, the test fixtures included (the Python and JavaScript ones too).
+guests: target $(PYTHON_GUEST) $(JS_GUEST)
 	$(CARGO) build --release --target $(GUEST_TARGET) -p guest
 	$(CARGO) build --release --target $(GUEST_TARGET) $(FIXTURE_PACKAGES)
+
+$(GUEST_TOOLS)/py/installed:
+	python3 -m venv $(GUEST_TOOLS)/py
+	$(GUEST_TOOLS)/py/bin/pip install --quiet --disable-pip-version-check $(COMPONENTIZE_PY)
+	touch $@
+
+$(GUEST_TOOLS)/js/installed:
+	mkdir -p $(GUEST_TOOLS)/js
+	echo '{"private": true}' > $(GUEST_TOOLS)/js/package.json
+	cd $(GUEST_TOOLS)/js && npm install --save-exact --no-audit --no-fund $(COMPONENTIZE_JS)
+	touch $@
+
+$(PYTHON_GUEST): tests/fixtures/python-guest/app.py $(wildcard wit/deps/*.wit) $(GUEST_TOOLS)/py/installed
+	$(GUEST_TOOLS)/py/bin/componentize-py -d wit -w wasi:http/proxy@0.2.12 componentize \
+		-p tests/fixtures/python-guest app -o $@
+
+# componentize-js attaches the `fetch` event only to wasi:http@0.2.10's handler: the project's
+# 0.2.12 packages, renamed to 0.2.10 (the one function 0.2.12 added is what 0.2.10 declared
+# unstable).
+$(GUEST_TOOLS)/wit-0.2.10/world.wit: $(wildcard wit/deps/*.wit)
+	mkdir -p $(GUEST_TOOLS)/wit-0.2.10/deps
+	for package in cli clocks filesystem http io random sockets; do \
+		sed -e 's/@0\.2\.12/@0.2.10/g' \
+			-e 's/@since(version = 0\.2\.12)/@unstable(feature = cli-exit-with-code)/' \
+			wit/deps/$$package.wit > $(GUEST_TOOLS)/wit-0.2.10/deps/$$package.wit; \
+	done
+	printf 'package fixture:js-guest;\n\nworld guest {\n  include wasi:http/proxy@0.2.10;\n}\n' > $@
+
+$(JS_GUEST): tests/fixtures/js-guest/app.js $(GUEST_TOOLS)/wit-0.2.10/world.wit $(GUEST_TOOLS)/js/installed
+	$(GUEST_TOOLS)/js/node_modules/.bin/componentize-js --wit $(GUEST_TOOLS)/wit-0.2.10 \
+		--world-name guest -o $@ tests/fixtures/js-guest/app.js
 
 ## run: build, then serve on port 8080.
 run: build

@@ -49,9 +49,12 @@ pub(super) fn configure(
         .with_host_stack(stacks);
 }
 
-/// Bytes at the start of each memory whose resident pages are zeroed in place between
+/// Bytes past a memory's initial size whose resident pages are zeroed in place between
 /// instances and stay resident; a Rust guest touches well under this (its stack, data and a
-/// little heap). Every other page an instance could reach is given back to the kernel.
+/// little heap). The initial size itself is kept too: wasmtime writes a component's data
+/// segments into it at every instantiation (a pre-initialised Python or JavaScript image is
+/// 10 to 20 MiB of them), so giving those pages back would only fault them in again. Every
+/// other page an instance could reach is given back to the kernel.
 const KEEP_RESIDENT_BYTES: usize = 2 << 20;
 
 /// How often the pools give back the mappings that stayed free for the whole period.
@@ -424,6 +427,7 @@ unsafe impl MemoryCreator for MemoryPool {
         };
         Ok(Box::new(PooledMemory {
             region: Some(region),
+            initial: minimum,
             size: minimum,
             pool: Arc::clone(&self.regions),
             budget: Arc::clone(&self.budget),
@@ -434,6 +438,8 @@ unsafe impl MemoryCreator for MemoryPool {
 /// One instance's linear memory: a pooled region and how much of it the instance may address.
 struct PooledMemory {
     region: Option<Mapping>,
+    /// The memory's size at instantiation: what its data segments were written into.
+    initial: usize,
     /// Bytes the instance may address; linear memories never shrink, so this is also all it
     /// could ever have written, what is reset on return and what it holds of the budget.
     size: usize,
@@ -481,7 +487,7 @@ unsafe impl LinearMemory for PooledMemory {
 impl Drop for PooledMemory {
     fn drop(&mut self) {
         if let Some(region) = self.region.take() {
-            region.reset(0..self.size, KEEP_RESIDENT_BYTES);
+            region.reset(0..self.size, self.initial + KEEP_RESIDENT_BYTES);
             self.pool.give_back(region);
         }
         self.budget.release(self.size);
@@ -670,7 +676,7 @@ mod tests {
         let mut first = memory(&pool, 64 << 10).unwrap();
         first.grow_to(3 * MIB).unwrap();
         // Two pages written within the kept bytes, one past them; the rest never touched.
-        for offset in [0, 5 * page, KEEP_RESIDENT_BYTES + page] {
+        for offset in [0, 5 * page, (64 << 10) + KEEP_RESIDENT_BYTES + page] {
             write(&*first, offset, 1);
         }
         let base = first.as_ptr();
@@ -679,6 +685,34 @@ mod tests {
         let expected: Vec<usize> = vec![0, 5];
         let found: Vec<usize> = (0..resident.len()).filter(|&i| resident[i]).collect();
         assert_eq!(found, expected, "resident pages after the reset");
+    }
+
+    #[test]
+    fn a_reset_keeps_the_initial_memory_resident_for_the_next_image_zeroed() {
+        let pool = pool(1, 16 * MIB);
+        let page = page_size();
+        let initial = 6 * MIB;
+        let mut first = memory(&pool, initial).unwrap();
+        first.grow_to(12 * MIB).unwrap();
+        let kept = [0, 5 * MIB, initial + MIB];
+        let given_back = initial + KEEP_RESIDENT_BYTES + page;
+        for offset in kept.into_iter().chain([given_back]) {
+            write(&*first, offset, 0xAA);
+        }
+        let base = first.as_ptr();
+        drop(first);
+        let resident = resident_pages(base, 0..12 * MIB);
+        let found: Vec<usize> = (0..resident.len()).filter(|&i| resident[i]).collect();
+        let expected: Vec<usize> = kept.iter().map(|offset| offset / page).collect();
+        assert_eq!(found, expected, "resident pages after the reset");
+        let second = memory(&pool, initial).unwrap();
+        for offset in kept {
+            assert_eq!(
+                read(&*second, offset),
+                0,
+                "byte {offset} kept the last write"
+            );
+        }
     }
 
     #[test]
