@@ -105,12 +105,15 @@ async fn run(config: Config, telemetry: &Telemetry) -> anyhow::Result<()> {
     );
     let serving = Arc::new(Serving::new(ServingGuest { guest, version }));
     let metrics = telemetry.metrics();
-    let app = Arc::new(App::new(
-        Arc::clone(&serving),
-        users,
-        Arc::clone(&metrics),
-        config.edge.client_limits(),
-    ));
+    let app = Arc::new(
+        App::new(
+            Arc::clone(&serving),
+            users,
+            Arc::clone(&metrics),
+            config.edge.client_limits(),
+        )
+        .with_metrics_path(config.edge.metrics_path.clone()),
+    );
     if let Some(every) = telemetry.metric_push_interval() {
         tokio::spawn(Arc::clone(&app).refresh_users_stored(every));
     }

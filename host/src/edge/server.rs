@@ -1,6 +1,6 @@
 //! The accept loop and the per-request path.
 //!
-//! For every request the host, in order: gives it a request id, serves `/metrics` itself, reads
+//! For every request the host, in order: gives it a request id, serves its metrics page itself, reads
 //! the body within its deadline and size limit, runs the guest in a fresh instance, answers 413
 //! for a body over the limit unless the guest named no route (an unknown path) or answered 405
 //! (see [`refuses_for_size`]), turns a failed guest into a 500, and traces, logs and
@@ -31,7 +31,7 @@ use crate::edge::responses::{self, ResponseBody};
 use crate::error::{HostFault, RequestError, one_line};
 use crate::observability::metrics::{self, Metrics};
 use crate::observability::request_span::RequestSpan;
-use crate::observability::routes::{self, MatchedRoute};
+use crate::observability::routes::{MatchedRoute, MetricsPath};
 use crate::runtime::Serving;
 use crate::runtime::store::RequestContext;
 use crate::user_store::UserStore;
@@ -67,6 +67,8 @@ pub struct App {
     connections: Arc<ConnectionTable>,
     /// The bytes of request bodies held host-wide.
     body_buffers: Arc<BodyBuffers>,
+    /// Where the host answers with its metrics page instead of the guest.
+    metrics_path: MetricsPath,
 }
 
 /// What one client may use of the host.
@@ -100,6 +102,15 @@ impl App {
             connections: ConnectionTable::new(limits.max_connections),
             body_buffers: BodyBuffers::new(limits.body_buffer_bytes, limits.max_body_bytes),
             limits,
+            metrics_path: MetricsPath::default(),
+        }
+    }
+
+    /// The same service with the host's metrics page at `path` (or none), not `/metrics`.
+    pub fn with_metrics_path(self, path: MetricsPath) -> App {
+        App {
+            metrics_path: path,
+            ..self
         }
     }
 
@@ -194,8 +205,10 @@ impl App {
             connection.enter(Phase::Answering);
         }
         let left_unread = body == ReadBody::OverLimit;
-        if parts.uri.path() == routes::METRICS_PATH {
-            if let Some(route) = matched_route.set(Arc::from(routes::METRICS_PATH)) {
+        if let Some(metrics_path) = self.metrics_path.path()
+            && parts.uri.path() == &**metrics_path
+        {
+            if let Some(route) = matched_route.set(Arc::clone(metrics_path)) {
                 span.record_route(&route);
             }
             // The contract's order holds here too: a wrong method (405) before a body over the
@@ -256,6 +269,9 @@ impl App {
                     }
                     _ => (StatusCode::INTERNAL_SERVER_ERROR, responses::INTERNAL_ERROR),
                 };
+                if matches!(error, RequestError::Trapped(_) | RequestError::Timeout) {
+                    self.metrics.observe_guest_trap(metrics::TRAP_MOMENTS[0]);
+                }
                 // The request's log line says why (this error wins over any earlier fault).
                 host_fault.record_over(one_line(&error));
                 responses::error(status, message)

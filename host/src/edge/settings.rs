@@ -8,6 +8,7 @@ use clap::Args;
 use crate::edge::connections::default_cap;
 use crate::edge::server::ClientLimits;
 use crate::machine::machine_memory;
+use crate::observability::routes::{METRICS_PATH, MetricsPath};
 
 /// The port the API listens on unless told otherwise.
 pub const DEFAULT_PORT: u16 = 8080;
@@ -48,6 +49,12 @@ pub struct EdgeSettings {
     #[arg(long, env = "MAX_CONNECTIONS",
           value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=1_000_000))]
     pub max_connections: Option<usize>,
+
+    /// Path the host serves its Prometheus metrics on, or `off` for none: every other path,
+    /// and this one when moved, is the guest's (a guest may own `/metrics`).
+    #[arg(long, env = "METRICS_PATH", default_value = METRICS_PATH,
+          value_parser = MetricsPath::parse)]
+    pub metrics_path: MetricsPath,
 }
 
 impl EdgeSettings {

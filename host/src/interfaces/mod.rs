@@ -6,7 +6,8 @@
 //! - [`users`]: the `users` interface, on [`users::UserCalls`];
 //! - [`telemetry`]: the `telemetry` interface, on [`telemetry::GuestTelemetry`];
 //! - [`otel`]: the standard `wasi:otel` interfaces, on [`otel::GuestOtel`] (sharing the
-//!   `telemetry` interface's quotas).
+//!   `telemetry` interface's quotas);
+//! - [`stdio`]: `wasi:cli`'s stdout and stderr, each line a log line of the request.
 //!
 //! Each interface is linked by hand, each function written once on its own state; the store's
 //! data reaches that state through a view trait ([`users::UsersView`],
@@ -15,5 +16,6 @@
 pub mod bindings;
 pub mod lift;
 pub mod otel;
+pub mod stdio;
 pub mod telemetry;
 pub mod users;

@@ -77,7 +77,13 @@ pub struct DroppedGuestTelemetry {
     pub log_events: u64,
     /// `wasi:otel` metric data points not recorded.
     pub metric_points: u64,
+    /// Lines the guest wrote to stdout or stderr past the request's bounds.
+    pub output_lines: u64,
 }
+
+/// When a guest's trap can come, as `guest_traps_total` labels it: before its response head,
+/// or while its body streams.
+pub const TRAP_MOMENTS: [&str; 2] = ["before_head", "in_body"];
 
 /// The prefix of every instrument a guest's `wasi:otel` metrics are recorded in: no host
 /// metric starts with it, so a guest cannot name, or disturb, one of the host's. `/metrics`
@@ -153,6 +159,7 @@ pub struct Metrics {
     store_operation: Histogram<f64>,
     store_errors: Counter<u64>,
     guest_telemetry_dropped: Counter<u64>,
+    guest_traps: Counter<u64>,
     wasm_instantiation: Histogram<f64>,
     wasm_run: Histogram<f64>,
     wasm_memory_peak: Histogram<f64>,
@@ -248,8 +255,14 @@ impl Metrics {
             ),
             guest_telemetry_dropped: counter(
                 "guest_telemetry_dropped_total",
-                "Guest spans, attributes, log events and metric data points dropped by the \
-                 per-request quotas, and routes labelled _OTHER past the per-guest cap, by signal.",
+                "Guest spans, attributes, log events, metric data points and stdout or stderr \
+                 lines dropped by the per-request quotas, and routes labelled _OTHER past the \
+                 per-guest cap, by signal.",
+            ),
+            guest_traps: counter(
+                "guest_traps_total",
+                "Guest instances that trapped (or passed their deadline), by when: before_head \
+                 (the request answered 500 or 503) or in_body (the body cut short, read or not).",
             ),
             wasm_instantiation: seconds(
                 "wasm_instantiation_seconds",
@@ -287,7 +300,10 @@ impl Metrics {
                 .store_errors
                 .add(0, &[KeyValue::new("operation", operation)]);
         }
-        for signal in ["span", "attribute", "log", "metric"] {
+        for when in TRAP_MOMENTS {
+            metrics.guest_traps.add(0, &[KeyValue::new("when", when)]);
+        }
+        for signal in ["span", "attribute", "log", "metric", "output"] {
             metrics
                 .guest_telemetry_dropped
                 .add(0, &[KeyValue::new("signal", signal)]);
@@ -330,6 +346,11 @@ impl Metrics {
         self.guest_reloads.add(1, &[KeyValue::new("result", label)]);
     }
 
+    /// Counts one instance that trapped `when` (one of [`TRAP_MOMENTS`]).
+    pub fn observe_guest_trap(&self, when: &'static str) {
+        self.guest_traps.add(1, &[KeyValue::new("when", when)]);
+    }
+
     /// Records how long one guest instantiation took.
     pub fn observe_instantiation(&self, elapsed: Duration) {
         self.guest_instantiation.record(elapsed.as_secs_f64(), &[]);
@@ -360,6 +381,7 @@ impl Metrics {
             ("attribute", dropped.attributes),
             ("log", dropped.log_events),
             ("metric", dropped.metric_points),
+            ("output", dropped.output_lines),
         ] {
             if count > 0 {
                 self.guest_telemetry_dropped

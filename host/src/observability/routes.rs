@@ -8,8 +8,56 @@ use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
-/// The host's own metrics endpoint.
+/// The host's own metrics endpoint unless `--metrics-path` moves it.
 pub const METRICS_PATH: &str = "/metrics";
+/// The longest path `--metrics-path` takes.
+const MAX_METRICS_PATH_BYTES: usize = 1024;
+
+/// Where the host serves its metrics page: a path of its own, or nowhere (`off`), so that a
+/// guest may own `/metrics`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum MetricsPath {
+    /// The host serves no metrics page; every path goes to the guest.
+    Off,
+    /// The host answers this path itself.
+    At(Arc<str>),
+}
+
+impl Default for MetricsPath {
+    fn default() -> MetricsPath {
+        MetricsPath::At(Arc::from(METRICS_PATH))
+    }
+}
+
+impl MetricsPath {
+    /// `off`, or a `/`-rooted path of printable ASCII; empty counts as unset (the default).
+    pub fn parse(value: &str) -> Result<MetricsPath, String> {
+        match value {
+            "off" => Ok(MetricsPath::Off),
+            "" => Ok(MetricsPath::default()),
+            path if path.starts_with('/')
+                && path.len() <= MAX_METRICS_PATH_BYTES
+                && path
+                    .bytes()
+                    .all(|byte| byte.is_ascii_graphic() && byte != b'?') =>
+            {
+                Ok(MetricsPath::At(Arc::from(path)))
+            }
+            _ => Err(format!(
+                "expected `off` or a path starting with `/`, without spaces or a query (at most \
+                 {MAX_METRICS_PATH_BYTES} bytes)"
+            )),
+        }
+    }
+
+    /// The path the host answers itself, if any.
+    pub fn path(&self) -> Option<&Arc<str>> {
+        match self {
+            MetricsPath::Off => None,
+            MetricsPath::At(path) => Some(path),
+        }
+    }
+}
 /// The route of a request whose guest named no template: an unknown path.
 pub const UNMATCHED: &str = "unmatched";
 /// The route of a request whose guest named a template past the per-guest cap, or not a
@@ -63,7 +111,8 @@ impl RouteTemplates {
 }
 
 /// A `/`-rooted path of printable ASCII (no spaces), short enough to be a label, and not the
-/// host's own route.
+/// host's own route's default path (a guest's `/metrics` with the host's page moved is labelled
+/// [`OTHER`]: one rule, whatever the flags).
 fn is_template(template: &str) -> bool {
     template != METRICS_PATH
         && template.starts_with('/')

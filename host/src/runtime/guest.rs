@@ -81,6 +81,7 @@ impl Guest {
         let permit = self.capacity.slots.acquire_running(context.peer()).await?;
         let held = self.capacity.held_objects(request.headers());
         let metrics = context.metrics();
+        let body_metrics = metrics.clone();
         let over_budget = Arc::new(AtomicBool::new(false));
         let cost = Arc::new(RequestCost::default());
         let cost_report = context.cost_report(Arc::clone(&cost));
@@ -158,7 +159,7 @@ impl Guest {
                 self.capacity
                     .slots
                     .start_streaming(&permit, task.abort_handle());
-                Ok(response.map(|body| GuestBody::new(body, task)))
+                Ok(response.map(|body| GuestBody::new(body, task, body_metrics)))
             }
             Ok(Err(code)) => Err(RequestError::ErrorCode(bounded_debug(
                 &code,

@@ -6,6 +6,7 @@ use bytes::Bytes;
 use opentelemetry::trace::TraceContextExt;
 
 use crate::error::one_line;
+use crate::observability::metrics::{Metrics, TRAP_MOMENTS};
 use crate::observability::request_fields::{self, RequestFields};
 use crate::observability::request_span::log_records_exported;
 use wasmtime_wasi_http::p2::body::HyperOutgoingBody;
@@ -15,27 +16,86 @@ use wasmtime_wasi_http::p2::body::HyperOutgoingBody;
 /// wasmtime-wasi-http ends a body normally when its instance goes away mid-stream (a trap, the
 /// deadline): with chunked encoding the client would see a cut-short body as complete. Here the
 /// end of the body waits for the task's outcome, and a failed task turns it into an error, so
-/// hyper breaks the connection instead.
+/// hyper breaks the connection instead. A body dropped before its end (a `HEAD`, a client gone)
+/// leaves a watcher on the task: a guest that fails then is logged and counted all the same.
 pub struct GuestBody {
     inner: HyperOutgoingBody,
     task: Option<tokio::task::JoinHandle<wasmtime::Result<()>>>,
+    failure: FailureReport,
+}
+
+/// Where a guest that fails after its response head is reported.
+struct FailureReport {
     /// The request's log fields, for the line of a failure.
     request: Option<Arc<RequestFields>>,
     /// The request's span ids, when that line also goes out as a log record.
     exported: Option<opentelemetry::Context>,
+    /// Where the trap is counted, for a client's request.
+    metrics: Option<Arc<Metrics>>,
+}
+
+impl FailureReport {
+    /// The ERROR line and the count of a guest that failed with `trap` after its head;
+    /// `read` says whether the client was still reading the body.
+    fn report(&self, trap: &wasmtime::Error, read: bool) {
+        let error = one_line(&**trap);
+        let _current = self.exported.clone().map(opentelemetry::Context::attach);
+        request_fields::in_request(self.request.as_ref(), || {
+            if read {
+                tracing::error!(
+                    error,
+                    "guest failed while streaming its body; response cut short"
+                );
+            } else {
+                tracing::error!(
+                    error,
+                    "guest failed after its response head, its body unread by the client"
+                );
+            }
+        });
+        if let Some(metrics) = &self.metrics {
+            metrics.observe_guest_trap(TRAP_MOMENTS[1]);
+        }
+    }
 }
 
 impl GuestBody {
     pub(crate) fn new(
         inner: HyperOutgoingBody,
         task: tokio::task::JoinHandle<wasmtime::Result<()>>,
+        metrics: Option<Arc<Metrics>>,
     ) -> GuestBody {
         GuestBody {
             inner,
             task: Some(task),
-            request: request_fields::current(),
-            exported: log_records_exported().then(request_ids),
+            failure: FailureReport {
+                request: request_fields::current(),
+                exported: log_records_exported().then(request_ids),
+                metrics,
+            },
         }
+    }
+}
+
+impl Drop for GuestBody {
+    fn drop(&mut self) {
+        let Some(task) = self.task.take() else {
+            return;
+        };
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let failure = FailureReport {
+            request: self.failure.request.take(),
+            exported: self.failure.exported.take(),
+            metrics: self.failure.metrics.take(),
+        };
+        // The task is bounded by the request's deadline: the watcher ends with it.
+        runtime.spawn(async move {
+            if let Ok(Err(trap)) = task.await {
+                failure.report(&trap, false);
+            }
+        });
     }
 }
 
@@ -69,14 +129,7 @@ impl http_body::Body for GuestBody {
         match outcome {
             Ok(Ok(())) => Poll::Ready(None),
             Ok(Err(trap)) => {
-                let error = one_line(&*trap);
-                let _current = self.exported.clone().map(opentelemetry::Context::attach);
-                request_fields::in_request(self.request.as_ref(), || {
-                    tracing::error!(
-                        error,
-                        "guest failed while streaming its body; response cut short"
-                    );
-                });
+                self.failure.report(&trap, true);
                 Poll::Ready(Some(Err(wasmtime_wasi_http::Error::InternalError(Some(
                     "the guest failed while streaming its body".to_string(),
                 )))))

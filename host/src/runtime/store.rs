@@ -3,7 +3,8 @@
 //! interfaces, each on its own state; and the limits wasmtime enforces on the instance.
 //!
 //! It gets no preopened directories, no environment, no arguments, no sockets and no outgoing
-//! HTTP: the WASI context is empty and outgoing requests are refused. What its handles hold on
+//! HTTP: the WASI context is empty but for stdout and stderr, whose lines become the request's
+//! log lines ([`crate::interfaces::stdio`]), and outgoing requests are refused. What its handles hold on
 //! the host's side is weighed after every host call and charged to the memory budget
 //! ([`crate::runtime::held`]).
 
@@ -18,6 +19,7 @@ use wasmtime_wasi_http::{WasiHttpCtx, WasiHttpCtxView, WasiHttpHooks, WasiHttpVi
 
 use crate::error::HostFault;
 use crate::interfaces::otel::{GuestOtel, OtelView};
+use crate::interfaces::stdio::{GuestOutput, Stream};
 use crate::interfaces::telemetry::{GuestTelemetry, TelemetryView};
 use crate::interfaces::users::{UserCalls, UsersView};
 use crate::observability::cost::{CostReport, HostCalls, HostInterface, RequestCost};
@@ -144,6 +146,12 @@ pub fn new_store(
     let RequestContext {
         users, reporting, ..
     } = context;
+    let output = GuestOutput::new(reporting.as_ref().map(|reporting| {
+        (
+            reporting.request_span.clone(),
+            Arc::clone(&reporting.metrics),
+        )
+    }));
     let (users, telemetry) = match reporting {
         Some(reporting) => (
             UserCalls::new(users, Arc::clone(&reporting.metrics), reporting.host_fault),
@@ -157,6 +165,8 @@ pub fn new_store(
         None => (UserCalls::quiet(users), GuestTelemetry::off()),
     };
     let wasi = WasiCtx::builder()
+        .stdout(output.stream(Stream::Stdout))
+        .stderr(output.stream(Stream::Stderr))
         .allow_tcp(false)
         .allow_udp(false)
         .allow_ip_name_lookup(false)
