@@ -288,3 +288,175 @@ async fn a_trap_while_a_head_requests_body_streams_is_logged_and_counted() {
         assert_eq!(traps, 1.0, "{name}");
     }
 }
+
+/// A plain HTTP server on loopback that answers every request `pong` and keeps each request's
+/// head, as an allowed destination would.
+struct Destination {
+    port: u16,
+    heads: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+}
+
+impl Destination {
+    async fn start() -> Destination {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let heads = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let kept = std::sync::Arc::clone(&heads);
+        tokio::spawn(async move {
+            while let Ok((mut socket, _)) = listener.accept().await {
+                let kept = std::sync::Arc::clone(&kept);
+                tokio::spawn(async move {
+                    let mut head = Vec::new();
+                    let mut byte = [0u8; 1];
+                    while !head.ends_with(b"\r\n\r\n") && head.len() < 65536 {
+                        if socket.read(&mut byte).await.unwrap_or(0) == 0 {
+                            return;
+                        }
+                        head.push(byte[0]);
+                    }
+                    kept.lock()
+                        .unwrap()
+                        .push(String::from_utf8_lossy(&head).into_owned());
+                    let answer =
+                        b"HTTP/1.1 200 OK\r\ncontent-length: 4\r\nconnection: close\r\n\r\npong";
+                    let _ = socket.write_all(answer).await;
+                });
+            }
+        });
+        Destination { port, heads }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_allowed_outbound_call_succeeds_with_the_requests_traceparent_in_a_child_span() {
+    let destination = Destination::start().await;
+    let mut agent = support::jaeger::Agent::start();
+    let agent_port = agent.port.to_string();
+    let allowed = format!("http://127.0.0.1:{}", destination.port);
+    let host = Host::builder()
+        .guest_at(&toolchain_guest("js-guest"))
+        .flags(&["--probe-path", "/hello", "--allow-outbound", &allowed])
+        .env(&[
+            ("OTEL_EXPORTER_JAEGER_AGENT_HOST", "127.0.0.1"),
+            ("OTEL_EXPORTER_JAEGER_AGENT_PORT", agent_port.as_str()),
+            ("OTEL_BSP_SCHEDULE_DELAY", "100"),
+        ])
+        .start();
+    let to = format!("http://127.0.0.1:{}/ping", destination.port);
+    let response = client()
+        .get(host.url("/call"))
+        .query(&[("to", to.as_str())])
+        .header("x-request-id", "calling-out")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    assert_eq!(response.text().await.unwrap(), "called: 200 pong");
+
+    let spans = agent.wait_for(|spans| {
+        spans
+            .iter()
+            .any(|span| span.str_tag("span.kind") == Some("client"))
+            && spans
+                .iter()
+                .any(|span| span.str_tag("span.kind") == Some("server"))
+    });
+    let server = spans
+        .iter()
+        .find(|span| {
+            span.str_tag("span.kind") == Some("server") && span.operation_name.contains("/call")
+        })
+        .or_else(|| {
+            spans
+                .iter()
+                .find(|span| span.str_tag("span.kind") == Some("server"))
+        })
+        .expect("the request's server span");
+    let call = spans
+        .iter()
+        .find(|span| span.str_tag("span.kind") == Some("client"))
+        .expect("the call's client span");
+    assert_eq!(call.trace_id, server.trace_id, "one trace");
+    assert_eq!(
+        call.parent_span_id, server.span_id,
+        "the call is the request's child"
+    );
+    assert_eq!(call.operation_name, "GET");
+    assert_eq!(call.long_tag("http.response.status_code"), Some(200));
+    let heads = destination.heads.lock().unwrap().clone();
+    assert_eq!(heads.len(), 1);
+    let traceparent = format!("00-{:032x}-{:016x}-01", call.trace_id, call.span_id);
+    assert!(
+        heads[0]
+            .to_ascii_lowercase()
+            .contains(&format!("traceparent: {traceparent}")),
+        "the destination saw {}",
+        heads[0]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_denied_outbound_call_is_logged_with_its_cause_and_never_leaves() {
+    let destination = Destination::start().await;
+    let host = host_of("js-guest", &[]);
+    let to = format!("http://127.0.0.1:{}/ping", destination.port);
+    let response = client()
+        .get(host.url("/call"))
+        .query(&[("to", to.as_str())])
+        .header("x-request-id", "denied-call")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        response.status(),
+        502,
+        "the guest's own answer to a failed fetch"
+    );
+    let denied = host.wait_for_log(|line| {
+        line["request_id"] == "denied-call" && line["message"] == "outgoing request denied"
+    });
+    assert_eq!(denied["level"], "WARN");
+    assert_eq!(denied["cause"], "not in --allow-outbound");
+    assert_eq!(
+        denied["destination"],
+        format!("http://127.0.0.1:{}", destination.port)
+    );
+    assert!(destination.heads.lock().unwrap().is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_allowed_call_that_never_answers_ends_with_the_requests_deadline() {
+    let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = silent.local_addr().unwrap().port();
+    // Accepts, then says nothing for as long as the test runs.
+    let _holder = tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((socket, _)) = silent.accept().await {
+            held.push(socket);
+        }
+    });
+    let allowed = format!("http://127.0.0.1:{port}");
+    let host = host_of(
+        "js-guest",
+        &["--allow-outbound", &allowed, "--request-timeout-ms", "1000"],
+    );
+    let started = Instant::now();
+    let to = format!("http://127.0.0.1:{port}/never");
+    let response = client()
+        .get(host.url("/call"))
+        .query(&[("to", to.as_str())])
+        .send()
+        .await
+        .unwrap();
+    let took = started.elapsed();
+    assert!(
+        [502, 503].contains(&response.status().as_u16()),
+        "{}",
+        response.status()
+    );
+    assert!(
+        took < Duration::from_secs(4),
+        "the call outlived the deadline: {took:?}"
+    );
+}

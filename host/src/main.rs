@@ -76,7 +76,10 @@ fn main() -> ExitCode {
 
 async fn run(config: Config, telemetry: &Telemetry) -> anyhow::Result<()> {
     let cache = ComponentCache::new(&config.runtime.cache_dir);
-    let runtime = Arc::new(Runtime::new(cache, config.runtime.limits())?);
+    let runtime = Arc::new(
+        Runtime::new(cache, config.runtime.limits())?
+            .allowing_outbound(config.runtime.allow_outbound.clone()),
+    );
     let loading = Instant::now();
     let (guest, cache) = runtime.load(&config.runtime.guest)?;
     // Start and reload follow one rule: a guest serves only once it has answered its probe 200

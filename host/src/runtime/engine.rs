@@ -14,6 +14,7 @@ use crate::interfaces::bindings::ServicePre;
 use crate::runtime::cache::{CacheOutcome, ComponentCache};
 use crate::runtime::capacity::{GuestCapacity, GuestLimits};
 use crate::runtime::guest::Guest;
+use crate::runtime::outbound::OutboundRules;
 use crate::runtime::pool::{self, POOL_TRIM_PERIOD};
 use crate::runtime::store::RequestState;
 
@@ -25,6 +26,8 @@ pub struct Runtime {
     limits: GuestLimits,
     /// The pools, memory budget and instance slots, shared by every guest this runtime loads.
     capacity: Arc<GuestCapacity>,
+    /// The destinations guests may call.
+    outbound: Arc<OutboundRules>,
     /// Advances the engine's epoch, which drives deadlines and yields, and trims the pools;
     /// stops when dropped.
     _ticker: EpochTicker,
@@ -58,8 +61,17 @@ impl Runtime {
             cache,
             limits,
             capacity,
+            outbound: Arc::default(),
             _ticker,
         })
+    }
+
+    /// The same runtime, whose guests may call the destinations `rules` allow (none before).
+    pub fn allowing_outbound(self, rules: OutboundRules) -> Runtime {
+        Runtime {
+            outbound: Arc::new(rules),
+            ..self
+        }
     }
 
     /// Reads, compiles (or takes from the cache), links and pre-instantiates the component at
@@ -84,7 +96,12 @@ impl Runtime {
         })?;
         let instance_pre = self.linker.instantiate_pre(&component).map_err(invalid)?;
         let pre = ServicePre::new(instance_pre).map_err(invalid)?;
-        let guest = Guest::new(pre, self.limits, Arc::clone(&self.capacity));
+        let guest = Guest::new(
+            pre,
+            self.limits,
+            Arc::clone(&self.capacity),
+            Arc::clone(&self.outbound),
+        );
         Ok((guest, outcome))
     }
 }

@@ -19,8 +19,9 @@ use crate::observability::routes::RouteTemplates;
 use crate::runtime::capacity::{GuestCapacity, GuestLimits};
 use crate::runtime::guest_body::GuestBody;
 use crate::runtime::held::TooMuchHeld;
+use crate::runtime::outbound::OutboundRules;
 use crate::runtime::pool::BUDGET_SPENT;
-use crate::runtime::store::{RequestContext, RequestState, new_store};
+use crate::runtime::store::{Outbound, RequestContext, RequestState, new_store};
 
 /// The most of a guest's error code the host writes in its log line.
 const MAX_ERROR_CODE_TEXT: usize = 512;
@@ -46,20 +47,25 @@ pub struct Guest {
     capacity: Arc<GuestCapacity>,
     /// The route templates this guest has named, each labelled (a bounded set per guest).
     route_templates: Arc<RouteTemplates>,
+    /// The destinations its instances may call.
+    outbound: Arc<OutboundRules>,
 }
 
 impl Guest {
-    /// A guest of `pre`, whose instances live within `limits` and share `capacity`.
+    /// A guest of `pre`, whose instances live within `limits`, share `capacity` and may call
+    /// what `outbound` allows.
     pub(crate) fn new(
         pre: ServicePre<RequestState>,
         limits: GuestLimits,
         capacity: Arc<GuestCapacity>,
+        outbound: Arc<OutboundRules>,
     ) -> Guest {
         Guest {
             pre,
             limits,
             capacity,
             route_templates: Arc::default(),
+            outbound,
         }
     }
 
@@ -85,6 +91,7 @@ impl Guest {
         let over_budget = Arc::new(AtomicBool::new(false));
         let cost = Arc::new(RequestCost::default());
         let cost_report = context.cost_report(Arc::clone(&cost));
+        let deadline = Instant::now() + self.limits.request_timeout;
         let mut store = new_store(
             self.pre.engine(),
             context,
@@ -93,9 +100,12 @@ impl Guest {
                 .limiter(Arc::clone(&over_budget), Arc::clone(&cost)),
             held,
             Arc::clone(&cost),
+            Outbound {
+                rules: Arc::clone(&self.outbound),
+                deadline,
+            },
         );
         // Every tick the guest yields its thread; past the deadline it traps.
-        let deadline = Instant::now() + self.limits.request_timeout;
         store.set_epoch_deadline(1);
         store.epoch_deadline_callback(move |_| {
             if Instant::now() >= deadline {

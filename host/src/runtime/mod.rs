@@ -7,6 +7,7 @@
 //! - [`admission`]: what a component must be before it is linked (UTF-8 strings to the host);
 //! - [`capacity`]: the pools, memory budget, store limits and slots, all sized from the flags;
 //! - [`held`]: what a guest's handles make the host hold, charged to the memory budget;
+//! - [`outbound`]: the outgoing calls a guest may make, and how they go out;
 //! - [`pool`]: the linear memories and stacks instances reuse, without page-protection changes;
 //! - [`page_scan`]: which pages of a pooled memory or stack were touched, from the page tables;
 //! - [`slots`]: the two budgets of instance slots, running and streaming, and each peer's share;
@@ -27,6 +28,7 @@ pub mod engine;
 pub mod guest;
 pub mod guest_body;
 pub mod held;
+pub mod outbound;
 pub mod page_scan;
 pub mod pool;
 pub mod probe;

@@ -10,6 +10,7 @@ use clap::builder::BoolishValueParser;
 use crate::machine::machine_memory;
 use crate::runtime::built::{built_component, default_cache_dir};
 use crate::runtime::capacity::GuestLimits;
+use crate::runtime::outbound::OutboundRules;
 use crate::runtime::probe::ProbePath;
 
 /// How long one request may run inside the guest.
@@ -40,6 +41,12 @@ pub struct GuestSettings {
     /// reload; `off` loads a guest unprobed (say, one that has no such path).
     #[arg(long, env = "GUEST_PROBE_PATH", default_value = DEFAULT_PROBE_PATH, value_parser = probe_path)]
     pub probe_path: ProbePath,
+
+    /// Destinations a guest may call over plain HTTP, separated by commas: `http://host:port`,
+    /// `http://host:*` for any port [default: none; every outgoing request is denied].
+    #[arg(long, env = "ALLOW_OUTBOUND", default_value = "", value_parser = OutboundRules::parse,
+          hide_default_value = true)]
+    pub allow_outbound: OutboundRules,
 
     /// Directory of compiled guest components, so a guest compiled before loads at once.
     #[arg(long, env = "GUEST_CACHE_DIR", default_value_os_t = default_cache_dir())]

@@ -2,14 +2,16 @@
 //! `wasi:http` interfaces, clocks and randomness, and the service's `users` and `telemetry`
 //! interfaces, each on its own state; and the limits wasmtime enforces on the instance.
 //!
-//! It gets no preopened directories, no environment, no arguments, no sockets and no outgoing
-//! HTTP: the WASI context is empty but for stdout and stderr, whose lines become the request's
-//! log lines ([`crate::interfaces::stdio`]), and outgoing requests are refused. What its handles hold on
+//! It gets no preopened directories, no environment, no arguments and no sockets: the WASI
+//! context is empty but for stdout and stderr, whose lines become the request's log lines
+//! ([`crate::interfaces::stdio`]); outgoing HTTP requests reach only what the operator allows
+//! ([`crate::runtime::outbound`]). What its handles hold on
 //! the host's side is weighed after every host call and charged to the memory budget
 //! ([`crate::runtime::held`]).
 
 use std::net::IpAddr;
 use std::sync::Arc;
+use std::time::Instant;
 
 use wasmtime::component::ResourceTable;
 use wasmtime::{CallHook, Engine, Store};
@@ -28,6 +30,7 @@ use crate::observability::request_span::RequestSpan;
 use crate::observability::routes::{MatchedRoute, RouteTemplates};
 use crate::runtime::capacity::InstanceLimiter;
 use crate::runtime::held::{BODY_BUFFER_CHUNKS, BODY_CHUNK_BYTES, FIELDS_LIMIT_BYTES, HeldObjects};
+use crate::runtime::outbound::{OutboundRules, OutgoingCalls};
 use crate::user_store::UserStore;
 
 /// Resource handles one request's guest may hold at once (streams, fields, spans...): far more
@@ -119,7 +122,7 @@ pub struct RequestState {
     http: WasiHttpCtx,
     /// Resources (streams, requests, responses, span handles) the guest holds handles to.
     table: ResourceTable,
-    hooks: DenyOutgoingRequests,
+    hooks: OutgoingRequests,
     users: UserCalls,
     telemetry: GuestTelemetry,
     /// What the guest handed over through `wasi:otel` so far (its spans, its metric series).
@@ -132,9 +135,17 @@ pub struct RequestState {
     cost: Arc<RequestCost>,
 }
 
+/// What one request's outgoing calls may reach, and until when.
+pub struct Outbound {
+    /// The destinations allowed.
+    pub rules: Arc<OutboundRules>,
+    /// The request's deadline, which no call outlives.
+    pub deadline: Instant,
+}
+
 /// The store of one request described by `context`, for an instance of a guest whose route
-/// labels are `route_templates`, within `limits`, its objects' weight charged to `held`; its
-/// host calls are counted in `cost`.
+/// labels are `route_templates`, within `limits`, its objects' weight charged to `held`, its
+/// outgoing calls within `outbound`; its host calls are counted in `cost`.
 pub fn new_store(
     engine: &Engine,
     context: RequestContext,
@@ -142,10 +153,23 @@ pub fn new_store(
     limits: InstanceLimiter,
     held: HeldObjects,
     cost: Arc<RequestCost>,
+    outbound: Outbound,
 ) -> Store<RequestState> {
     let RequestContext {
         users, reporting, ..
     } = context;
+    let calls = OutgoingCalls::new(
+        outbound.rules,
+        outbound.deadline,
+        reporting
+            .as_ref()
+            .map_or_else(opentelemetry::Context::new, |reporting| {
+                reporting.request_span.context().clone()
+            }),
+        reporting
+            .as_ref()
+            .map(|reporting| Arc::clone(&reporting.host_fault)),
+    );
     let output = GuestOutput::new(reporting.as_ref().map(|reporting| {
         (
             reporting.request_span.clone(),
@@ -179,7 +203,7 @@ pub fn new_store(
         wasi,
         http,
         table,
-        hooks: DenyOutgoingRequests,
+        hooks: OutgoingRequests(calls),
         users,
         telemetry,
         otel: GuestOtel::default(),
@@ -243,14 +267,14 @@ impl WasiHttpView for RequestState {
     }
 }
 
-/// `wasi:http` hooks that refuse every outgoing request: the guest talks to no one.
-struct DenyOutgoingRequests;
+/// `wasi:http` hooks that send the outgoing requests the operator allows, and refuse the rest.
+struct OutgoingRequests(OutgoingCalls);
 
-impl WasiHttpHooks for DenyOutgoingRequests {
+impl WasiHttpHooks for OutgoingRequests {
     fn send_request(
         &mut self,
-        _request: http::Request<wasmtime_wasi_http::WasiBody>,
-        _options: Option<wasmtime_wasi_http::RequestOptions>,
+        request: http::Request<wasmtime_wasi_http::WasiBody>,
+        options: Option<wasmtime_wasi_http::RequestOptions>,
         _fut: Box<dyn Future<Output = Result<(), wasmtime_wasi_http::Error>> + Send>,
     ) -> Box<
         dyn Future<
@@ -263,7 +287,10 @@ impl WasiHttpHooks for DenyOutgoingRequests {
                 >,
             > + Send,
     > {
-        Box::new(async { Err(wasmtime_wasi_http::Error::HttpRequestDenied) })
+        match self.0.send(request, options) {
+            Ok(call) => Box::new(call.exchange()),
+            Err(denied) => Box::new(async { Err(denied) }),
+        }
     }
 
     fn p2_error_from_hyper(&mut self, _error: &hyper::Error) -> ErrorCode {

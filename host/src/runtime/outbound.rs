@@ -1,0 +1,348 @@
+//! Outgoing HTTP: what a guest may call. Nothing, unless the operator allows a destination
+//! (`--allow-outbound`, patterns as Spin's: `http://host:port`, `http://host:*` for any port).
+//!
+//! A denied call fails in the guest with `HTTP-request-denied`, and its cause goes into a WARN
+//! line and into the request's ERROR line should the request fail. An allowed call goes out
+//! over plain HTTP/1.1 (no TLS stack in this build) in a client span of the request's trace,
+//! carrying that span's `traceparent`, and ends with the request's deadline: connecting, the
+//! answer's head and the connection's life all stop there. Its answer's head is read into at
+//! most [`MAX_RESPONSE_HEAD_BYTES`], its body streamed to the guest a frame at a time as the
+//! guest reads (the objects the guest holds meanwhile are weighed as any other, `held.rs`).
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use http::{HeaderMap, HeaderName, HeaderValue, Request, Response};
+use http_body_util::BodyExt;
+use hyper_util::rt::TokioIo;
+use opentelemetry::trace::{SpanKind, Status, TraceContextExt};
+use opentelemetry::{Context, KeyValue};
+use wasmtime_wasi_http::{Error, RequestOptions, WasiBody};
+
+use crate::error::HostFault;
+use crate::observability::request_span;
+
+/// The largest answer head an outgoing call reads (hyper's read buffer bound, as the edge's).
+pub const MAX_RESPONSE_HEAD_BYTES: usize = 64 << 10;
+/// The longest destination a log line names; longer ones are cut.
+const MAX_LOGGED_DESTINATION: usize = 256;
+
+/// One destination the operator allows.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Destination {
+    /// The host name or address, lower-case (an IPv6 address in its brackets).
+    host: String,
+    /// The port, or `None` for any (`*`).
+    port: Option<u16>,
+}
+
+/// The destinations guests may call: none by default.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct OutboundRules(Vec<Destination>);
+
+impl OutboundRules {
+    /// `--allow-outbound`: destinations separated by commas, each `http://host:port`,
+    /// `http://host:*` or `http://host` (port 80); empty allows none.
+    pub fn parse(value: &str) -> Result<OutboundRules, String> {
+        value
+            .split(',')
+            .map(str::trim)
+            .filter(|item| !item.is_empty())
+            .map(destination)
+            .collect::<Result<Vec<_>, _>>()
+            .map(OutboundRules)
+    }
+
+    /// Whether a call to `host` on `port` is allowed.
+    fn allows(&self, host: &str, port: u16) -> bool {
+        self.0.iter().any(|allowed| {
+            allowed.host.eq_ignore_ascii_case(host) && allowed.port.is_none_or(|only| only == port)
+        })
+    }
+}
+
+fn destination(item: &str) -> Result<Destination, String> {
+    let refused = |why: &str| format!("`{item}`: {why}");
+    let Some(rest) = item.strip_prefix("http://") else {
+        return Err(refused(
+            "expected http://host:port, http://host:* or http://host (plain HTTP only)",
+        ));
+    };
+    let rest = rest.strip_suffix('/').unwrap_or(rest);
+    // An IPv6 address keeps its brackets; the port follows the last colon outside them.
+    let (host, port) = match rest.rfind(':') {
+        Some(colon) if !rest[colon..].contains(']') => (&rest[..colon], Some(&rest[colon + 1..])),
+        _ => (rest, None),
+    };
+    if host.is_empty() || host.len() > 253 || host.contains(['/', '@', '?', '#', ' ']) {
+        return Err(refused("not a host name or address"));
+    }
+    let port = match port {
+        None => Some(80),
+        Some("*") => None,
+        Some(digits) => Some(
+            digits
+                .parse::<u16>()
+                .ok()
+                .filter(|port| *port > 0)
+                .ok_or_else(|| refused("the port is not a number from 1 to 65535 or *"))?,
+        ),
+    };
+    Ok(Destination {
+        host: host.to_ascii_lowercase(),
+        port,
+    })
+}
+
+/// The `wasi:http` hook that sends one request's outgoing calls, or refuses them.
+pub struct OutgoingCalls {
+    rules: Arc<OutboundRules>,
+    /// The request's deadline: no call outlives it.
+    deadline: Instant,
+    /// The span the calls' client spans start under.
+    parent: Context,
+    /// Where a denial goes, for the request's ERROR line; `None` for the host's own probes.
+    fault: Option<Arc<HostFault>>,
+}
+
+impl OutgoingCalls {
+    /// The calls of a request due by `deadline`, within `rules`, traced under `parent`.
+    pub fn new(
+        rules: Arc<OutboundRules>,
+        deadline: Instant,
+        parent: Context,
+        fault: Option<Arc<HostFault>>,
+    ) -> OutgoingCalls {
+        OutgoingCalls {
+            rules,
+            deadline,
+            parent,
+            fault,
+        }
+    }
+
+    /// Sends `request` if its destination is allowed; the answer's head, and a future that
+    /// ends with the connection.
+    pub fn send(
+        &self,
+        request: Request<WasiBody>,
+        options: Option<RequestOptions>,
+    ) -> Result<SentCall, Error> {
+        let uri = request.uri();
+        let host = uri.host().unwrap_or_default().to_string();
+        let port = uri.port_u16().unwrap_or(80);
+        let destination = format!("{}://{host}:{port}", uri.scheme_str().unwrap_or("http"));
+        let cause = if uri.scheme_str() != Some("http") {
+            Some("only plain http:// calls can be allowed")
+        } else if !self.rules.allows(&host, port) {
+            Some("not in --allow-outbound")
+        } else {
+            None
+        };
+        if let Some(cause) = cause {
+            let destination = cut(&destination);
+            tracing::warn!(destination, cause, "outgoing request denied");
+            if let Some(fault) = &self.fault {
+                fault.record(|| {
+                    format!("its outgoing request to {destination} was denied: {cause}")
+                });
+            }
+            return Err(Error::HttpRequestDenied);
+        }
+        let span = request_span::start_child(
+            &self.parent,
+            request.method().as_str().to_string(),
+            SpanKind::Client,
+            vec![
+                KeyValue::new("http.request.method", request.method().as_str().to_string()),
+                KeyValue::new("server.address", host.clone()),
+                KeyValue::new("server.port", i64::from(port)),
+                KeyValue::new("url.full", cut(&uri.to_string()).to_string()),
+            ],
+        );
+        let mut request = request;
+        opentelemetry::global::get_text_map_propagator(|propagator| {
+            propagator.inject_context(&span, &mut HeaderInjector(request.headers_mut()))
+        });
+        let deadline = tokio::time::Instant::from_std(self.deadline);
+        let connect_by = earliest(
+            deadline,
+            options.and_then(|options| options.connect_timeout),
+        );
+        let answer_by = earliest(
+            deadline,
+            options.and_then(|options| options.first_byte_timeout),
+        );
+        Ok(SentCall {
+            authority: format!("{host}:{port}"),
+            request,
+            span,
+            deadline,
+            connect_by,
+            answer_by,
+        })
+    }
+}
+
+/// The earlier of `deadline` and `timeout` from now.
+fn earliest(
+    deadline: tokio::time::Instant,
+    timeout: Option<std::time::Duration>,
+) -> tokio::time::Instant {
+    timeout.map_or(deadline, |timeout| {
+        deadline.min(tokio::time::Instant::now() + timeout)
+    })
+}
+
+/// An allowed call, ready to go out.
+pub struct SentCall {
+    authority: String,
+    request: Request<WasiBody>,
+    span: Context,
+    deadline: tokio::time::Instant,
+    connect_by: tokio::time::Instant,
+    answer_by: tokio::time::Instant,
+}
+
+/// The future a `wasi:http` send hook returns for the connection's end.
+pub type ConnectionEnd = Box<dyn Future<Output = Result<(), Error>> + Send>;
+
+impl SentCall {
+    /// Connects, sends, and waits for the answer's head; the connection is driven on a task of
+    /// its own until the body is read or the deadline comes.
+    pub async fn exchange(self) -> Result<(Response<WasiBody>, ConnectionEnd), Error> {
+        let SentCall {
+            authority,
+            mut request,
+            span,
+            deadline,
+            connect_by,
+            answer_by,
+        } = self;
+        let outcome = async {
+            let stream =
+                tokio::time::timeout_at(connect_by, tokio::net::TcpStream::connect(&authority))
+                    .await
+                    .map_err(|_| Error::ConnectionTimeout)?
+                    .map_err(Error::Connect)?;
+            let (mut sender, connection) = tokio::time::timeout_at(
+                connect_by,
+                hyper::client::conn::http1::Builder::new()
+                    .max_buf_size(MAX_RESPONSE_HEAD_BYTES)
+                    .handshake(TokioIo::new(stream)),
+            )
+            .await
+            .map_err(|_| Error::ConnectionTimeout)??;
+            let connection = tokio::spawn(async move {
+                match tokio::time::timeout_at(deadline, connection).await {
+                    Ok(Ok(())) => Ok(()),
+                    Ok(Err(error)) => Err(Error::from(error)),
+                    Err(_) => Err(Error::HttpResponseTimeout),
+                }
+            });
+            // The request line names the path alone: scheme and authority are for proxies.
+            let path = request
+                .uri()
+                .path_and_query()
+                .map_or("/", |path| path.as_str())
+                .parse()
+                .map_err(|_| Error::HttpRequestUriInvalid)?;
+            *request.uri_mut() = path;
+            let response = tokio::time::timeout_at(answer_by, sender.send_request(request))
+                .await
+                .map_err(|_| Error::ConnectionReadTimeout)??;
+            let end: ConnectionEnd = Box::new(async move {
+                connection
+                    .await
+                    .unwrap_or_else(|join| Err(Error::InternalError(Some(join.to_string()))))
+            });
+            Ok::<_, Error>((
+                response.map(|body| body.map_err(Error::from).boxed_unsync()),
+                end,
+            ))
+        }
+        .await;
+        let active = span.span();
+        match &outcome {
+            Ok((response, _)) => {
+                let status = response.status().as_u16();
+                active.set_attribute(KeyValue::new(
+                    "http.response.status_code",
+                    i64::from(status),
+                ));
+                if status >= 400 {
+                    active.set_attribute(KeyValue::new("error.type", status.to_string()));
+                    active.set_status(Status::error(""));
+                }
+            }
+            Err(error) => {
+                active.set_attribute(KeyValue::new("error.type", format!("{error:?}")));
+                active.set_status(Status::error(error.to_string()));
+            }
+        }
+        active.end();
+        outcome
+    }
+}
+
+/// Writes a propagator's headers into a request's.
+struct HeaderInjector<'a>(&'a mut HeaderMap);
+
+impl opentelemetry::propagation::Injector for HeaderInjector<'_> {
+    fn set(&mut self, key: &str, value: String) {
+        if let (Ok(name), Ok(value)) = (
+            HeaderName::from_bytes(key.as_bytes()),
+            HeaderValue::from_str(&value),
+        ) {
+            self.0.insert(name, value);
+        }
+    }
+}
+
+fn cut(text: &str) -> &str {
+    let mut end = text.len().min(MAX_LOGGED_DESTINATION);
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    &text[..end]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_destination_is_a_plain_http_host_with_a_port_any_port_or_port_80() {
+        let rules = OutboundRules::parse(
+            "http://api.example.com:8080, http://LocalHost:*,http://[::1]:9000,http://plain/",
+        )
+        .unwrap();
+        assert!(rules.allows("api.example.com", 8080));
+        assert!(!rules.allows("api.example.com", 8081));
+        assert!(rules.allows("localhost", 1));
+        assert!(rules.allows("localhost", 65535));
+        assert!(rules.allows("[::1]", 9000));
+        assert!(rules.allows("plain", 80));
+        assert!(!rules.allows("plain", 8080));
+        assert!(!rules.allows("other.example.com", 8080));
+    }
+
+    #[test]
+    fn nothing_is_allowed_by_default_and_a_bad_pattern_is_refused_with_its_text() {
+        assert_eq!(OutboundRules::parse("").unwrap(), OutboundRules::default());
+        assert!(!OutboundRules::default().allows("localhost", 80));
+        for bad in [
+            "https://api.example.com:443",
+            "api.example.com:80",
+            "http://:80",
+            "http://host:0",
+            "http://host:70000",
+            "http://host:x",
+            "http://user@host:80",
+            "http://host/path",
+        ] {
+            let error = OutboundRules::parse(bad).unwrap_err();
+            assert!(error.contains(bad), "{bad}: {error}");
+        }
+    }
+}
