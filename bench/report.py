@@ -74,6 +74,10 @@ contenders = [
     ("host-real-no-export", "our host + real guest, nothing exported (OTEL_TRACES_EXPORTER=none)"),
     ("wasmtime-serve-minimal", "wasmtime serve + minimal guest"),
     ("wasmtime-serve-nostd", "wasmtime serve + no_std guest"),
+    ("host-python", "our host + Python guest (componentize-py), GET /hello"),
+    ("wasmtime-serve-python", "wasmtime serve + Python guest, GET /hello"),
+    ("host-js", "our host + JavaScript guest (componentize-js), GET /hello"),
+    ("wasmtime-serve-js", "wasmtime serve + JavaScript guest, GET /hello"),
 ]
 runs = {name: read(name) for name, _ in contenders}
 throughput = {name: rps(run) for name, run in runs.items()}
@@ -106,6 +110,10 @@ rows = [
      paired("host-minimal", "wasmtime-serve-minimal"), ">= 2.0", lambda v: v >= 2.0, "{:.2f}"),
     ("throughput, host + no_std guest / wasmtime serve + no_std guest",
      paired("host-nostd", "wasmtime-serve-nostd"), ">= 2.0", lambda v: v >= 2.0, "{:.2f}"),
+    ("throughput, host + Python guest / wasmtime serve + Python guest",
+     paired("host-python", "wasmtime-serve-python"), ">= 1.5 (goal 2.0)", lambda v: v >= 1.5, "{:.2f}"),
+    ("throughput, host + JavaScript guest / wasmtime serve + JavaScript guest",
+     paired("host-js", "wasmtime-serve-js"), ">= 1.5 (goal 2.0)", lambda v: v >= 1.5, "{:.2f}"),
     ("throughput, host + real guest (full telemetry) / wasmtime serve + minimal guest",
      paired("host-real", "wasmtime-serve-minimal"), ">= 2.0", lambda v: v >= 2.0, "{:.2f}"),
     ("throughput, host + real guest (full telemetry) / host + minimal guest",

@@ -49,6 +49,9 @@ cargo build --release --target wasm32-wasip2 -p guest
 cargo build --release --target wasm32-wasip2 -p minimal-guest
 cargo build --release --target wasm32-wasip2 -p hello-nostd
 cargo build --release -p host -p baseline
+# The Python and JavaScript guests, by their own toolchains (make installs them in target/).
+make target/guest-tools/python-guest.wasm target/guest-tools/js-guest.wasm
+TOOLCHAIN_GUESTS=target/guest-tools
 
 WASM=target/wasm32-wasip2/release
 HOST=target/release/host
@@ -60,12 +63,12 @@ require_free() {
     echo "port $1 is in use: stop what listens there and run again" >&2; exit 1
   fi
 }
-for port in 18081 18082 18083 18084 18085 18086 18087 18088 18089 18091 18092 18093 18094 18095 18096 $PG_PORT; do require_free "$port"; done
+for port in 18081 18082 18083 18084 18085 18086 18087 18088 18089 18091 18092 18093 18094 18095 18096 18097 18098 18099 18100 $PG_PORT; do require_free "$port"; done
 
-# Waits until $1 answers /api/health.
+# Waits until $1 answers $2 (default /api/health); a 20 MB component compiles for seconds.
 wait_ready() {
-  for _ in $(seq 1 500); do
-    curl -sf "$1/api/health" >/dev/null 2>&1 && return 0
+  for _ in $(seq 1 6000); do
+    curl -sf "$1${2:-/api/health}" >/dev/null 2>&1 && return 0
     sleep 0.01
   done
   echo "no answer from $1" >&2; exit 1
@@ -139,7 +142,7 @@ start_host() { # port guest [host flags...]
     OTEL_EXPORTER_JAEGER_AGENT_HOST=127.0.0.1 OTEL_EXPORTER_JAEGER_AGENT_PORT="$AGENT_PORT" \
     "$HOST" --bind 127.0.0.1 --port "$1" --guest "$2" "${@:3}" >/dev/null 2>&1 &
   PIDS+=($!)
-  wait_ready "http://127.0.0.1:$1"
+  wait_ready "http://127.0.0.1:$1" "${READY_PATH:-/api/health}"
 }
 
 # Starts one contender, loads it, stops it.
@@ -179,6 +182,19 @@ measure() {
       wasmtime serve -Scli --addr 127.0.0.1:18084 "$WASM/minimal_guest.wasm" >/dev/null 2>&1 & PIDS+=($!)
       wait_ready http://127.0.0.1:18084
       load "$1" http://127.0.0.1:18084/api/health ;;
+    host-python|host-js)
+      # Its defaults (spans exported, INFO logs); probed on the fixtures' own path.
+      local port=18097 guest=python-guest
+      [ "$1" = host-js ] && port=18098 guest=js-guest
+      READY_PATH=/hello start_host "$port" "$TOOLCHAIN_GUESTS/$guest.wasm" --probe-path /hello
+      load "$1" "http://127.0.0.1:$port/hello" ;;
+    wasmtime-serve-python|wasmtime-serve-js)
+      command -v wasmtime >/dev/null || return 0
+      local port=18099 guest=python-guest
+      [ "$1" = wasmtime-serve-js ] && port=18100 guest=js-guest
+      wasmtime serve -Scli --addr "127.0.0.1:$port" "$TOOLCHAIN_GUESTS/$guest.wasm" >/dev/null 2>&1 & PIDS+=($!)
+      wait_ready "http://127.0.0.1:$port" /hello
+      load "$1" "http://127.0.0.1:$port/hello" ;;
     wasmtime-serve-nostd)
       # It imports only the proxy world, so it needs no `-S cli`.
       command -v wasmtime >/dev/null || return 0
@@ -197,8 +213,9 @@ ROUNDS=${BENCH_ROUNDS:-4}
 ((ROUNDS >= 1)) || ROUNDS=1
 CONTENDERS=(native-hyper host-minimal host-nostd host-real host-real-otlp host-real-otlp-traces
   host-real-otlp-metrics host-real-otlp-logs host-real-otlp-silent host-real-no-export
-  wasmtime-serve-minimal wasmtime-serve-nostd)
-echo "== throughput (wrk -t2 -c$CONNECTIONS, ${SECONDS_PER_RUN}s each, GET /api/health, $ROUNDS rounds)"
+  wasmtime-serve-minimal wasmtime-serve-nostd host-python wasmtime-serve-python host-js
+  wasmtime-serve-js)
+echo "== throughput (wrk -t2 -c$CONNECTIONS, ${SECONDS_PER_RUN}s each, GET /api/health, /hello for the Python and JavaScript guests, $ROUNDS rounds)"
 command -v wasmtime >/dev/null ||
   echo "  wasmtime serve: skipped, no wasmtime CLI (cargo install wasmtime-cli --version 48.0.8 --locked)"
 for ((round = 0; round < ROUNDS; round++)); do

@@ -7,7 +7,9 @@
 //! carrying that span's `traceparent`, and ends with the request's deadline: connecting, the
 //! answer's head and the connection's life all stop there. Its answer's head is read into at
 //! most [`MAX_RESPONSE_HEAD_BYTES`], its body streamed to the guest a frame at a time as the
-//! guest reads (the objects the guest holds meanwhile are weighed as any other, `held.rs`).
+//! guest reads (the objects the guest holds meanwhile are weighed as any other, `held.rs`). A
+//! request makes at most [`MAX_CALLS_PER_REQUEST`] calls, allowed or not (the rest are denied,
+//! said once), and its connections are closed when its instance ends.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -24,8 +26,11 @@ use crate::observability::request_span;
 
 /// The largest answer head an outgoing call reads (hyper's read buffer bound, as the edge's).
 pub const MAX_RESPONSE_HEAD_BYTES: usize = 64 << 10;
-/// The longest destination a log line names; longer ones are cut.
+/// The longest destination a log line or a span names; longer ones are cut.
 const MAX_LOGGED_DESTINATION: usize = 256;
+/// Outgoing calls one request may make, allowed or denied: a guest calling in a loop neither
+/// floods a destination nor the log, nor holds more than this many connections.
+pub const MAX_CALLS_PER_REQUEST: usize = 32;
 
 /// One destination the operator allows.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -103,6 +108,22 @@ pub struct OutgoingCalls {
     parent: Context,
     /// Where a denial goes, for the request's ERROR line; `None` for the host's own probes.
     fault: Option<Arc<HostFault>>,
+    /// Calls made so far, allowed or denied.
+    made: usize,
+    /// The connections of the calls sent, closed when the request's instance ends.
+    connections: Arc<std::sync::Mutex<Vec<tokio::task::AbortHandle>>>,
+}
+
+impl Drop for OutgoingCalls {
+    fn drop(&mut self) {
+        let connections = self
+            .connections
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        for connection in connections.iter() {
+            connection.abort();
+        }
+    }
 }
 
 impl OutgoingCalls {
@@ -118,16 +139,29 @@ impl OutgoingCalls {
             deadline,
             parent,
             fault,
+            made: 0,
+            connections: Arc::default(),
         }
     }
 
     /// Sends `request` if its destination is allowed; the answer's head, and a future that
     /// ends with the connection.
     pub fn send(
-        &self,
+        &mut self,
         request: Request<WasiBody>,
         options: Option<RequestOptions>,
     ) -> Result<SentCall, Error> {
+        self.made += 1;
+        if self.made > MAX_CALLS_PER_REQUEST {
+            if self.made == MAX_CALLS_PER_REQUEST + 1 {
+                tracing::warn!(
+                    max_calls = MAX_CALLS_PER_REQUEST,
+                    "the guest's outgoing requests are past their bound for this request: the \
+                     rest are denied"
+                );
+            }
+            return Err(Error::HttpRequestDenied);
+        }
         let uri = request.uri();
         let host = uri.host().unwrap_or_default().to_string();
         let port = uri.port_u16().unwrap_or(80);
@@ -149,15 +183,19 @@ impl OutgoingCalls {
             }
             return Err(Error::HttpRequestDenied);
         }
+        // A method the guest made up is `_OTHER`, as the conventions say: a span name from a
+        // bounded set. The URL without its query, which may hold credentials.
+        let method = conventional_method(request.method());
+        let url = format!("{destination}{}", uri.path());
         let span = request_span::start_child(
             &self.parent,
-            request.method().as_str().to_string(),
+            if method == "_OTHER" { "HTTP" } else { method },
             SpanKind::Client,
             vec![
-                KeyValue::new("http.request.method", request.method().as_str().to_string()),
-                KeyValue::new("server.address", host.clone()),
+                KeyValue::new("http.request.method", method),
+                KeyValue::new("server.address", cut(&host).to_string()),
                 KeyValue::new("server.port", i64::from(port)),
-                KeyValue::new("url.full", cut(&uri.to_string()).to_string()),
+                KeyValue::new("url.full", cut(&url).to_string()),
             ],
         );
         let mut request = request;
@@ -180,6 +218,7 @@ impl OutgoingCalls {
             deadline,
             connect_by,
             answer_by,
+            connections: Arc::clone(&self.connections),
         })
     }
 }
@@ -202,6 +241,8 @@ pub struct SentCall {
     deadline: tokio::time::Instant,
     connect_by: tokio::time::Instant,
     answer_by: tokio::time::Instant,
+    /// Where its connection's task is kept, to be closed with the request's instance.
+    connections: Arc<std::sync::Mutex<Vec<tokio::task::AbortHandle>>>,
 }
 
 /// The future a `wasi:http` send hook returns for the connection's end.
@@ -218,6 +259,7 @@ impl SentCall {
             deadline,
             connect_by,
             answer_by,
+            connections,
         } = self;
         let outcome = async {
             let stream =
@@ -240,6 +282,10 @@ impl SentCall {
                     Err(_) => Err(Error::HttpResponseTimeout),
                 }
             });
+            connections
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .push(connection.abort_handle());
             // The request line names the path alone: scheme and authority are for proxies.
             let path = request
                 .uri()
@@ -285,6 +331,23 @@ impl SentCall {
     }
 }
 
+/// The method as the conventions name it: a standard one, or `_OTHER`.
+fn conventional_method(method: &http::Method) -> &'static str {
+    use http::Method;
+    match *method {
+        Method::GET => "GET",
+        Method::HEAD => "HEAD",
+        Method::POST => "POST",
+        Method::PUT => "PUT",
+        Method::DELETE => "DELETE",
+        Method::CONNECT => "CONNECT",
+        Method::OPTIONS => "OPTIONS",
+        Method::TRACE => "TRACE",
+        Method::PATCH => "PATCH",
+        _ => "_OTHER",
+    }
+}
+
 /// Writes a propagator's headers into a request's.
 struct HeaderInjector<'a>(&'a mut HeaderMap);
 
@@ -325,6 +388,36 @@ mod tests {
         assert!(rules.allows("plain", 80));
         assert!(!rules.allows("plain", 8080));
         assert!(!rules.allows("other.example.com", 8080));
+    }
+
+    fn call_to(uri: &str) -> Request<WasiBody> {
+        let body = http_body_util::Empty::new()
+            .map_err(|never| match never {})
+            .boxed_unsync();
+        Request::builder().uri(uri).body(body).unwrap()
+    }
+
+    #[test]
+    fn a_request_makes_at_most_its_calls_allowed_or_not() {
+        let rules = OutboundRules::parse("http://127.0.0.1:9").unwrap();
+        let deadline = Instant::now() + std::time::Duration::from_secs(1);
+        let mut calls = OutgoingCalls::new(Arc::new(rules), deadline, Context::new(), None);
+        assert!(
+            calls.send(call_to("http://127.0.0.1:10/"), None).is_err(),
+            "not allowed"
+        );
+        assert!(
+            calls.send(call_to("https://127.0.0.1:9/"), None).is_err(),
+            "not plain HTTP"
+        );
+        let allowed = (2..MAX_CALLS_PER_REQUEST + 10)
+            .filter(|_| calls.send(call_to("http://127.0.0.1:9/x"), None).is_ok())
+            .count();
+        assert_eq!(
+            allowed,
+            MAX_CALLS_PER_REQUEST - 2,
+            "the denied ones count too"
+        );
     }
 
     #[test]
