@@ -34,6 +34,10 @@ pub const SLOT_WAIT: Duration = Duration::from_secs(1);
 pub const PEER_WAITERS: usize = 4;
 /// The part of the streaming slots the instances of one peer may hold at once: a half.
 pub const PEER_STREAMING_SHARE: u32 = 2;
+/// How long an instance streams on a running slot before a waiting request may stop it: a short
+/// answer, whose body follows its head at once (a 201 for a stored user), is never cut short,
+/// while a client that does not read gives the slot back within this.
+pub const OVERFLOW_GRACE: Duration = Duration::from_millis(50);
 
 /// The two budgets of instance slots. Every live instance holds one permit of one of them.
 #[derive(Clone)]
@@ -46,7 +50,7 @@ pub(super) struct InstanceSlots {
     peers: Arc<Peers>,
     /// Instances whose head went out when no streaming slot was left to them, oldest first:
     /// each still holds a running slot, which a request that finds none free takes back.
-    overflow: Arc<Mutex<VecDeque<AbortHandle>>>,
+    overflow: Arc<Mutex<VecDeque<(Instant, AbortHandle)>>>,
     /// Told when an instance joins `overflow` while requests wait in the host's line, so that
     /// one of them takes its slot.
     overflowed: Arc<Notify>,
@@ -106,7 +110,7 @@ impl InstanceSlots {
         let slot = match Arc::clone(&self.running).try_acquire_owned() {
             Ok(slot) => slot,
             Err(_) => {
-                self.stop_oldest_overflow();
+                let mut recheck = self.stop_oldest_overflow();
                 let deadline = Instant::now() + SLOT_WAIT;
                 let _turn = match &peer {
                     Some(peer) => Some(wait(&peer.share.waiting, deadline).await?),
@@ -118,10 +122,14 @@ impl InstanceSlots {
                 tokio::pin!(slot);
                 let taken = tokio::time::timeout_at(deadline, async {
                     loop {
+                        let due = recheck.unwrap_or(deadline);
                         tokio::select! {
                             biased;
                             slot = &mut slot => return slot,
-                            () = self.overflowed.notified() => self.stop_oldest_overflow(),
+                            () = self.overflowed.notified() => recheck = self.stop_oldest_overflow(),
+                            () = tokio::time::sleep_until(due), if recheck.is_some() => {
+                                recheck = self.stop_oldest_overflow();
+                            }
                         }
                     }
                 });
@@ -169,27 +177,37 @@ impl InstanceSlots {
         let mut overflow = self.overflow.lock().unwrap_or_else(PoisonError::into_inner);
         // Instances that ended by themselves hold nothing: at most one entry per running slot
         // is left.
-        overflow.retain(|instance| !instance.is_finished());
-        overflow.push_back(instance);
+        overflow.retain(|(_, instance)| !instance.is_finished());
+        overflow.push_back((Instant::now(), instance));
         if self.waiting.load(Ordering::Acquire) > 0 {
             self.overflowed.notify_one();
         }
     }
 
-    /// Stops the oldest instance still streaming on a running slot, if any: its slot comes
-    /// free as its task ends.
-    fn stop_oldest_overflow(&self) {
+    /// Stops the oldest instance still streaming on a running slot once it has streamed for
+    /// [`OVERFLOW_GRACE`]: its slot comes free as its task ends. Returns when to look again:
+    /// when the oldest comes due, or a grace after a stop (for the next one); `None` when no
+    /// instance streams on a running slot.
+    fn stop_oldest_overflow(&self) -> Option<Instant> {
         let mut overflow = self.overflow.lock().unwrap_or_else(PoisonError::into_inner);
-        while let Some(instance) = overflow.pop_front() {
-            if !instance.is_finished() {
-                instance.abort();
-                tracing::warn!(
-                    "an instance streaming on a running slot, no streaming slot being left to \
-                     its client, was stopped for a new request; its response was cut short"
-                );
-                return;
+        while let Some((since, instance)) = overflow.front() {
+            if instance.is_finished() {
+                overflow.pop_front();
+                continue;
             }
+            let due = *since + OVERFLOW_GRACE;
+            if Instant::now() < due {
+                return Some(due);
+            }
+            instance.abort();
+            overflow.pop_front();
+            tracing::warn!(
+                "an instance streaming on a running slot, no streaming slot being left to its \
+                 client, was stopped for a new request; its response was cut short"
+            );
+            return Some(Instant::now() + OVERFLOW_GRACE);
         }
+        None
     }
 }
 
@@ -303,6 +321,28 @@ mod tests {
         assert!(taken.is_ok());
         assert!(oldest.await.unwrap_err().is_cancelled());
         assert!(!newer.is_finished(), "only the oldest is stopped");
+    }
+
+    #[tokio::test]
+    async fn an_instance_whose_head_just_went_out_finishes_its_answer_before_it_can_be_stopped() {
+        let slots = InstanceSlots::new(1, 0);
+        let permit = slots.acquire_running(None).await.unwrap();
+        let instance = holding(&permit);
+        slots.start_streaming(&permit, instance.abort_handle());
+        drop(permit);
+        let started = Instant::now();
+        let waiting = {
+            let slots = slots.clone();
+            tokio::spawn(async move { slots.acquire_running(None).await.map(drop) })
+        };
+        tokio::time::sleep(OVERFLOW_GRACE / 2).await;
+        assert!(!instance.is_finished(), "stopped within its grace");
+        waiting
+            .await
+            .unwrap()
+            .expect("the slot, once the grace is over");
+        assert!(started.elapsed() >= OVERFLOW_GRACE);
+        assert!(instance.await.unwrap_err().is_cancelled());
     }
 
     #[tokio::test]
