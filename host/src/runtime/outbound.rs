@@ -22,6 +22,7 @@ use opentelemetry::{Context, KeyValue};
 use wasmtime_wasi_http::{Error, RequestOptions, WasiBody};
 
 use crate::error::HostFault;
+use crate::interfaces::lift;
 use crate::observability::request_span;
 
 /// The largest answer head an outgoing call reads (hyper's read buffer bound, as the edge's).
@@ -174,7 +175,7 @@ impl OutgoingCalls {
             None
         };
         if let Some(cause) = cause {
-            let destination = cut(&destination);
+            let destination = lift::cut(&destination, MAX_LOGGED_DESTINATION);
             tracing::warn!(destination, cause, "outgoing request denied");
             if let Some(fault) = &self.fault {
                 fault.record(|| {
@@ -193,9 +194,15 @@ impl OutgoingCalls {
             SpanKind::Client,
             vec![
                 KeyValue::new("http.request.method", method),
-                KeyValue::new("server.address", cut(&host).to_string()),
+                KeyValue::new(
+                    "server.address",
+                    lift::cut(&host, MAX_LOGGED_DESTINATION).to_string(),
+                ),
                 KeyValue::new("server.port", i64::from(port)),
-                KeyValue::new("url.full", cut(&url).to_string()),
+                KeyValue::new(
+                    "url.full",
+                    lift::cut(&url, MAX_LOGGED_DESTINATION).to_string(),
+                ),
             ],
         );
         let mut request = request;
@@ -360,14 +367,6 @@ impl opentelemetry::propagation::Injector for HeaderInjector<'_> {
             self.0.insert(name, value);
         }
     }
-}
-
-fn cut(text: &str) -> &str {
-    let mut end = text.len().min(MAX_LOGGED_DESTINATION);
-    while !text.is_char_boundary(end) {
-        end -= 1;
-    }
-    &text[..end]
 }
 
 #[cfg(test)]
