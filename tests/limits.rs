@@ -567,7 +567,7 @@ async fn send_whole(
 }
 
 #[tokio::test]
-async fn the_metrics_page_answers_a_body_over_the_limit_413_after_a_wrong_methods_405() {
+async fn the_metrics_page_answers_a_body_over_the_limit_413_whatever_the_method() {
     let host = Host::builder().env(&[("MAX_BODY_BYTES", "100")]).start();
     let over = "x".repeat(101);
     let requests = [
@@ -585,6 +585,11 @@ async fn the_metrics_page_answers_a_body_over_the_limit_413_after_a_wrong_method
         ),
         (
             format!("POST /metrics HTTP/1.1\r\nHost: t\r\nContent-Length: 101\r\n\r\n{over}"),
+            "413",
+        ),
+        (
+            "POST /metrics HTTP/1.1\r\nHost: t\r\nContent-Length: 5\r\nConnection: close\r\n\r\nsmall"
+                .to_string(),
             "405",
         ),
         (

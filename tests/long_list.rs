@@ -125,9 +125,8 @@ async fn slow_readers_hold_their_instance_no_longer_than_the_deadline() {
     drop(slow_readers);
 }
 
-/// A list refused for its body: the guest, which reads no `GET`'s body, starts streaming it, and
-/// the host answers 413 instead. The instance's next write finds the response gone, and the one
-/// instance slot is free again at once, long before the deadline.
+/// A list refused for its body is the host's 413, before any guest runs: the one instance slot is
+/// never taken, and the next request is served at once.
 #[tokio::test]
 async fn a_list_answered_413_for_its_body_gives_its_instance_back_at_once() {
     let host = Host::builder()

@@ -163,7 +163,6 @@ impl exports::wasi::http::incoming_handler::Guest for Component {
         };
         let responder = WasiResponder(response_out);
         // Only a body the logic parses is read: five host calls a request fewer for the rest.
-        // The host still answers 413 for any body over its limit once a route is named.
         let body = if api::reads_body(&method, &target) {
             match read_body(request) {
                 Some(body) => body,

@@ -20,8 +20,8 @@ use crate::response::{Responder, Response};
 use crate::routes::Route;
 
 /// Whether the logic parses a request's body, and so whether the edge reads it: only a `POST`
-/// to an endpoint that takes one. No other answer depends on the body: the host answers 413 for
-/// one over its limit once the guest has named the request's route, unless it answers 405.
+/// to an endpoint that takes one. No other answer depends on the body (one over the host's limit
+/// never reaches the guest: the host answers 413 before it runs).
 pub fn reads_body(method: &str, target: &str) -> bool {
     // The method first: a `GET` is not routed twice.
     reads_content_type(method) && Route::from_path(target).is_some_and(|route| route.allows(method))

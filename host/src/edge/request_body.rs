@@ -2,10 +2,8 @@
 //!
 //! The host reads the body before the guest runs (so a client that trickles it holds no
 //! instance slot), within the body deadline and up to the size limit. A body over the limit is
-//! not read further: the guest gets a body whose first read fails, and the host answers 413 when
-//! the guest read it or named the request's route without answering 405. A guest that answers
-//! an unknown path (no route named) or a wrong method keeps its answer, so the host needs no
-//! knowledge of routes.
+//! not read further, and the host answers 413 before the guest runs: the contract puts the size
+//! before every route's rules, so the host needs no knowledge of routes.
 //!
 //! Bodies held host-wide share one budget ([`BodyBuffers`]), of which the bodies of one peer
 //! (one client address) may hold at most a [`PEER_SHARE`]th: a client that opens many
@@ -15,7 +13,7 @@
 use std::collections::HashMap;
 use std::net::IpAddr;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll};
 
@@ -197,44 +195,21 @@ pub async fn read_body(
     Ok((ReadBody::Complete(collected.freeze()), reservation))
 }
 
-/// The body handed to the guest: the bytes read, or, for a body over the limit, a read error
-/// that marks the request as one to answer 413.
+/// The body handed to the guest: the bytes read, holding their share of the budget until the
+/// guest is done with them.
 #[derive(Debug)]
 pub struct GuestRequestBody {
     bytes: Option<Bytes>,
-    /// Set when the guest reads a body over the limit.
-    over_limit_read: Option<Arc<AtomicBool>>,
-    /// The budget the bytes hold, until the guest is done with the body.
     _reservation: Reservation,
 }
 
 impl GuestRequestBody {
-    /// A complete body.
-    pub fn complete(bytes: Bytes) -> GuestRequestBody {
+    /// `bytes`, holding `reservation` while they live.
+    pub fn new(bytes: Bytes, reservation: Reservation) -> GuestRequestBody {
         GuestRequestBody {
             bytes: Some(bytes),
-            over_limit_read: None,
-            _reservation: Reservation::default(),
+            _reservation: reservation,
         }
-    }
-
-    /// The guest's view of `read` (holding `reservation` while it lives), and the flag its read
-    /// of an over-limit body raises.
-    pub fn new(read: ReadBody, reservation: Reservation) -> (GuestRequestBody, Arc<AtomicBool>) {
-        let over_limit_read = Arc::new(AtomicBool::new(false));
-        let body = match read {
-            ReadBody::Complete(bytes) => GuestRequestBody {
-                bytes: Some(bytes),
-                over_limit_read: None,
-                _reservation: reservation,
-            },
-            ReadBody::OverLimit => GuestRequestBody {
-                bytes: None,
-                over_limit_read: Some(Arc::clone(&over_limit_read)),
-                _reservation: Reservation::default(),
-            },
-        };
-        (body, over_limit_read)
     }
 }
 
@@ -246,28 +221,20 @@ impl Body for GuestRequestBody {
         mut self: Pin<&mut Self>,
         _cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
-        if let Some(bytes) = self.bytes.take().filter(|bytes| !bytes.is_empty()) {
-            return Poll::Ready(Some(Ok(Frame::data(bytes))));
-        }
-        if let Some(flag) = self.over_limit_read.take() {
-            flag.store(true, Ordering::Release);
-            return Poll::Ready(Some(Err(wasmtime_wasi_http::Error::HttpRequestBodySize(
-                None,
-            ))));
-        }
-        Poll::Ready(None)
+        Poll::Ready(
+            self.bytes
+                .take()
+                .filter(|bytes| !bytes.is_empty())
+                .map(|bytes| Ok(Frame::data(bytes))),
+        )
     }
 
     fn is_end_stream(&self) -> bool {
-        self.over_limit_read.is_none() && self.bytes.as_ref().is_none_or(Bytes::is_empty)
+        self.bytes.as_ref().is_none_or(Bytes::is_empty)
     }
 
     fn size_hint(&self) -> SizeHint {
-        match (&self.bytes, &self.over_limit_read) {
-            (_, Some(_)) => SizeHint::default(),
-            (Some(bytes), None) => SizeHint::with_exact(bytes.len() as u64),
-            (None, None) => SizeHint::with_exact(0),
-        }
+        SizeHint::with_exact(self.bytes.as_ref().map_or(0, |bytes| bytes.len() as u64))
     }
 }
 
@@ -328,24 +295,13 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_complete_body_is_its_bytes_and_never_raises_the_flag() {
-        let (body, over_limit_read) = GuestRequestBody::new(
-            ReadBody::Complete(Bytes::from("hi")),
-            Reservation::default(),
-        );
+    async fn a_guest_body_is_its_bytes_and_gives_its_budget_back_when_dropped() {
+        let buffers = BodyBuffers::new(100, 100);
+        let mut held = reservation(&buffers, None);
+        assert!(held.grow_to(2));
+        let body = GuestRequestBody::new(Bytes::from("hi"), held);
+        assert_eq!(buffers.held(), 2);
         assert_eq!(body.collect().await.unwrap().to_bytes(), "hi");
-        assert!(!over_limit_read.load(Ordering::Acquire));
-    }
-
-    #[tokio::test]
-    async fn an_over_limit_body_fails_its_first_read_and_raises_the_flag() {
-        let (body, over_limit_read) =
-            GuestRequestBody::new(ReadBody::OverLimit, Reservation::default());
-        assert!(
-            !over_limit_read.load(Ordering::Acquire),
-            "raised before a read"
-        );
-        assert!(body.collect().await.is_err());
-        assert!(over_limit_read.load(Ordering::Acquire));
+        assert_eq!(buffers.held(), 0);
     }
 }

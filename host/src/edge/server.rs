@@ -1,16 +1,15 @@
 //! The accept loop and the per-request path.
 //!
 //! For every request the host, in order: gives it a request id, serves its metrics page itself, reads
-//! the body within its deadline and size limit, runs the guest in a fresh instance, answers 413
-//! for a body over the limit unless the guest named no route (an unknown path) or answered 405
-//! (see [`refuses_for_size`]), turns a failed guest into a 500, and traces, logs and
-//! counts the answer under the route the guest named. The guest decides everything else.
+//! the body within its deadline and size limit (a body over it is answered 413 there, before any
+//! routing, as the contract orders), runs the guest in a fresh instance, turns a failed guest
+//! into a 500, and traces, logs and counts the answer under the route the guest named. The guest
+//! decides everything else.
 
 use std::convert::Infallible;
 use std::future::Future;
 use std::net::IpAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use http::{
@@ -204,36 +203,29 @@ impl App {
             // The whole request is here: from now on the connection is doing work.
             connection.enter(Phase::Answering);
         }
-        let left_unread = body == ReadBody::OverLimit;
+        let ReadBody::Complete(body) = body else {
+            // The contract's first rule, whatever the path and method: the host knows no routes.
+            // The unread rest of the body is still on the connection.
+            return closing(responses::error(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                responses::BODY_TOO_LARGE,
+            ));
+        };
         if let Some(metrics_path) = self.metrics_path.path()
             && parts.uri.path() == &**metrics_path
         {
             if let Some(route) = matched_route.set(Arc::clone(metrics_path)) {
                 span.record_route(&route);
             }
-            // The contract's order holds here too: a wrong method (405) before a body over the
-            // limit (413); a refusal gets its WARN line in `handle`.
-            let refusal = if parts.method != Method::GET && parts.method != Method::HEAD {
-                Some(responses::method_not_allowed(&[Method::GET, Method::HEAD]))
-            } else if left_unread {
-                Some(responses::error(
-                    StatusCode::PAYLOAD_TOO_LARGE,
-                    responses::BODY_TOO_LARGE,
-                ))
-            } else {
-                None
-            };
-            return match refusal {
-                Some(refusal) if left_unread => closing(refusal),
-                Some(refusal) => refusal,
-                None => {
-                    // The spec's rule for every endpoint: a span, metrics and log lines.
-                    tracing::info!("metrics page served");
-                    self.metrics_page().await
-                }
-            };
+            if parts.method != Method::GET && parts.method != Method::HEAD {
+                // Its WARN line is written in `handle`.
+                return responses::method_not_allowed(&[Method::GET, Method::HEAD]);
+            }
+            // The spec's rule for every endpoint: a span, metrics and log lines.
+            tracing::info!("metrics page served");
+            return self.metrics_page().await;
         }
-        let (body, over_limit_read) = GuestRequestBody::new(body, reservation);
+        let body = GuestRequestBody::new(body, reservation);
         parts.headers.insert(REQUEST_ID, request_id.clone());
         let no_host = parts
             .headers
@@ -277,16 +269,6 @@ impl App {
                 responses::error(status, message)
             }
         };
-        if left_unread && refuses_for_size(&over_limit_read, matched_route, response.status()) {
-            return closing(responses::error(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                responses::BODY_TOO_LARGE,
-            ));
-        }
-        if left_unread {
-            // The unread rest of the body is still on the connection.
-            return closing(response);
-        }
         response
     }
 
@@ -346,22 +328,6 @@ fn request_id(headers: &HeaderMap) -> HeaderValue {
 /// Marks an answer given before the host read the whole request: see [`closing`].
 #[derive(Clone, Copy)]
 struct LeavesRequestUnread;
-
-/// Whether a request whose body is over the limit is answered 413, whatever its guest answered
-/// (`answered`). The contract puts 413 after an unknown path (404) and a wrong method (405), and
-/// before everything else. The host knows no routes, but the guest says enough: it read the body
-/// (`over_limit_read`: it parses one, so the path and method are its own), or it named the
-/// request's route (the path is known) and did not answer 405. A guest that did neither answered
-/// an unknown path. The guest ran all the same, without the body: what it answered, and logged,
-/// is the endpoint's answer to the request as if the body were empty.
-fn refuses_for_size(
-    over_limit_read: &AtomicBool,
-    matched_route: &MatchedRoute,
-    answered: StatusCode,
-) -> bool {
-    over_limit_read.load(Ordering::Acquire)
-        || (matched_route.is_named() && answered != StatusCode::METHOD_NOT_ALLOWED)
-}
 
 /// `response`, with the connection closed after it: the host answers before it has read the
 /// whole request, and what is left of it must not be read as the next one. The connection
@@ -556,31 +522,6 @@ mod tests {
         assert_eq!(peer("::ffff:10.0.0.7"), "10.0.0.7");
         assert_eq!(peer("2001:db8:1:2:aaaa:bbbb:cccc:dddd"), "2001:db8:1:2::");
         assert_eq!(peer("2001:db8:1:2::1"), peer("2001:db8:1:2:ffff::9"));
-    }
-
-    #[test]
-    fn a_body_over_the_limit_is_refused_unless_its_guest_named_no_route_or_answered_405_unread() {
-        let refuses = |read: bool, named: bool, answered: StatusCode| {
-            let route = MatchedRoute::default();
-            if named {
-                route.set(Arc::from("/api/users/{id}"));
-            }
-            refuses_for_size(&AtomicBool::new(read), &route, answered)
-        };
-        // Read: the guest parses bodies there, whatever it made of the failed read.
-        assert!(refuses(true, true, StatusCode::BAD_REQUEST));
-        assert!(refuses(true, false, StatusCode::BAD_REQUEST));
-        assert!(refuses(true, false, StatusCode::OK));
-        assert!(refuses(true, true, StatusCode::METHOD_NOT_ALLOWED));
-        // A known path, its method allowed: the endpoint's own answers come after 413.
-        assert!(refuses(false, true, StatusCode::OK));
-        assert!(refuses(false, true, StatusCode::NOT_FOUND));
-        assert!(refuses(false, true, StatusCode::INTERNAL_SERVER_ERROR));
-        // A known path, a wrong method: 405 comes first.
-        assert!(!refuses(false, true, StatusCode::METHOD_NOT_ALLOWED));
-        // No route named: an unknown path, whatever the status says.
-        assert!(!refuses(false, false, StatusCode::NOT_FOUND));
-        assert!(!refuses(false, false, StatusCode::OK));
     }
 
     #[test]

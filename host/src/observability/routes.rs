@@ -148,15 +148,6 @@ impl MatchedRoute {
         Some(route)
     }
 
-    /// Whether a route was named: the request's path is one its guest knows.
-    pub fn is_named(&self) -> bool {
-        self.0
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .route
-            .is_some()
-    }
-
     /// The route named last, or [`UNMATCHED`]; and whether the span still needs it recorded
     /// (it carries none, or an earlier one).
     pub fn answer(&self) -> (Arc<str>, bool) {
