@@ -5,8 +5,7 @@
 //! The exporter of the host's own: the OpenTelemetry project's Jaeger exporter is retired (the
 //! specification deprecates it in favour of OTLP, which Jaeger takes too), but the agent's UDP
 //! port is what the contract names. The names, types and field ids below are those of Jaeger's
-//! `jaeger.thrift` and `agent.thrift`; [`thrift_compact`](super::thrift_compact) writes the
-//! protocol.
+//! `jaeger.thrift` and `agent.thrift`; the Apache Thrift crate's compact protocol writes them.
 
 use std::borrow::Cow;
 use std::net::{SocketAddr, ToSocketAddrs, UdpSocket};
@@ -18,15 +17,13 @@ use opentelemetry::{Key, Value};
 use opentelemetry_sdk::Resource;
 use opentelemetry_sdk::error::{OTelSdkError, OTelSdkResult};
 use opentelemetry_sdk::trace::{SpanData, SpanExporter};
-
-use crate::observability::thrift_compact::{CompactType, CompactWriter};
+use thrift::protocol::{
+    TCompactOutputProtocol, TFieldIdentifier, TListIdentifier, TMessageIdentifier, TMessageType,
+    TOutputProtocol, TStructIdentifier, TType,
+};
 
 /// The largest datagram the agent reads (its default `--processor.jaeger-compact.server-max-packet-size`).
 pub const MAX_DATAGRAM_BYTES: usize = 65_000;
-
-/// Bytes that close an `emitBatch` call after its spans: the stop of `Batch`'s fields, then of
-/// the call's arguments.
-const CALL_END: [u8; 2] = [0, 0];
 
 /// Jaeger's `TagType`.
 #[derive(Clone, Copy)]
@@ -46,8 +43,10 @@ pub struct AgentExporter {
     socket: UdpSocket,
     /// `Process.serviceName`.
     service_name: String,
-    /// Jaeger's `Process` of this service and the SDK's resource, encoded once.
-    process: Vec<u8>,
+    /// The SDK's resource: `Process.tags`.
+    resource: Resource,
+    /// Bytes of the encoded `Process`, which every datagram carries.
+    process_bytes: usize,
     /// `emitBatch` calls sent, for their sequence ids.
     calls: AtomicI32,
     /// The largest datagram sent.
@@ -74,28 +73,30 @@ impl AgentExporter {
         socket.connect(agent)?;
         // A send never waits for long: a full socket buffer loses the datagram, as UDP may.
         socket.set_write_timeout(Some(Duration::from_millis(100)))?;
-        let process = encode_process(&service_name, &Resource::builder_empty().build());
-        Ok(AgentExporter {
+        let mut exporter = AgentExporter {
             socket,
             service_name,
-            process,
+            resource: Resource::builder_empty().build(),
+            process_bytes: 0,
             calls: AtomicI32::new(0),
             max_datagram: MAX_DATAGRAM_BYTES,
-        })
+        };
+        exporter.set_resource(&Resource::builder_empty().build());
+        Ok(exporter)
     }
 
     /// Sends `batch` in as few datagrams as fit; a span that alone exceeds a datagram is
     /// dropped, and said in the export's error once the rest is sent (a guest's spans are
     /// bounded far below it).
     fn send(&self, batch: &[SpanData]) -> OTelSdkResult {
-        let process = &self.process;
+        let process = self.process_bytes;
         let mut spans: Vec<Vec<u8>> = Vec::new();
         let mut bytes = 0;
         let mut oversized = 0;
         for span in batch {
-            let encoded = encode_span(span);
+            let encoded = encode_span(span).map_err(encoding_failed)?;
             if call_bytes(process, bytes + encoded.len()) > self.max_datagram && !spans.is_empty() {
-                self.emit(process, &spans)?;
+                self.emit(&spans)?;
                 spans.clear();
                 bytes = 0;
             }
@@ -107,7 +108,7 @@ impl AgentExporter {
             spans.push(encoded);
         }
         if !spans.is_empty() {
-            self.emit(process, &spans)?;
+            self.emit(&spans)?;
         }
         if oversized > 0 {
             return Err(OTelSdkError::InternalFailure(format!(
@@ -118,18 +119,93 @@ impl AgentExporter {
     }
 
     /// One `emitBatch` call of `spans`, already encoded, in one datagram.
-    fn emit(&self, process: &[u8], spans: &[Vec<u8>]) -> OTelSdkResult {
+    fn emit(&self, spans: &[Vec<u8>]) -> OTelSdkResult {
         let sequence = self.calls.fetch_add(1, Ordering::Relaxed).wrapping_add(1);
-        let mut datagram = call_head(sequence, process, spans.len());
-        datagram.reserve(spans.iter().map(Vec::len).sum::<usize>() + CALL_END.len());
-        for span in spans {
-            datagram.extend_from_slice(span);
-        }
-        datagram.extend_from_slice(&CALL_END);
+        let datagram = self.encode_call(sequence, spans).map_err(encoding_failed)?;
         self.socket.send(&datagram).map_err(|error| {
             OTelSdkError::InternalFailure(format!("sending to the agent: {error}"))
         })?;
         Ok(())
+    }
+
+    /// The `emitBatch` call numbered `sequence`: its argument `batch` (field 1) holds the
+    /// `process` (field 1) and the list of `spans` (field 2).
+    fn encode_call(&self, sequence: i32, spans: &[Vec<u8>]) -> thrift::Result<Vec<u8>> {
+        let span_bytes = spans.iter().map(Vec::len).sum::<usize>();
+        let mut datagram = Vec::with_capacity(call_bytes(self.process_bytes, span_bytes));
+        let mut call = Compact::into(&mut datagram);
+        let head = TMessageIdentifier::new("emitBatch", TMessageType::OneWay, sequence);
+        call.0.write_message_begin(&head)?;
+        call.struct_begin()?;
+        call.field(1, TType::Struct)?;
+        call.struct_begin()?;
+        call.field(1, TType::Struct)?;
+        write_process(&mut call, &self.service_name, &self.resource)?;
+        call.list_field(2, TType::Struct, spans.len())?;
+        for span in spans {
+            // Each element is a whole struct of its own, encoded alone: the same bytes.
+            datagram.extend_from_slice(span);
+        }
+        // The stops of `Batch` and of the arguments: a stop is one byte whatever came before.
+        let mut call = Compact::into(&mut datagram);
+        call.0.write_field_stop()?;
+        call.0.write_field_stop()?;
+        Ok(datagram)
+    }
+}
+
+fn encoding_failed(error: thrift::Error) -> OTelSdkError {
+    OTelSdkError::InternalFailure(format!("encoding spans for the agent: {error}"))
+}
+
+/// Thrift's compact protocol into a buffer in memory, field by id (it never writes names).
+/// Field and list ends write nothing in this protocol, so they are not called.
+struct Compact<'a>(TCompactOutputProtocol<&'a mut Vec<u8>>);
+
+impl<'a> Compact<'a> {
+    fn into(out: &'a mut Vec<u8>) -> Compact<'a> {
+        Compact(TCompactOutputProtocol::new(out))
+    }
+
+    fn struct_begin(&mut self) -> thrift::Result<()> {
+        self.0.write_struct_begin(&TStructIdentifier {
+            name: String::new(),
+        })
+    }
+
+    fn struct_end(&mut self) -> thrift::Result<()> {
+        self.0.write_field_stop()?;
+        self.0.write_struct_end()
+    }
+
+    fn field(&mut self, id: i16, field_type: TType) -> thrift::Result<()> {
+        self.0.write_field_begin(&TFieldIdentifier {
+            name: None,
+            field_type,
+            id: Some(id),
+        })
+    }
+
+    fn i32_field(&mut self, id: i16, value: i32) -> thrift::Result<()> {
+        self.field(id, TType::I32)?;
+        self.0.write_i32(value)
+    }
+
+    fn i64_field(&mut self, id: i16, value: i64) -> thrift::Result<()> {
+        self.field(id, TType::I64)?;
+        self.0.write_i64(value)
+    }
+
+    fn string_field(&mut self, id: i16, value: &str) -> thrift::Result<()> {
+        self.field(id, TType::String)?;
+        self.0.write_string(value)
+    }
+
+    fn list_field(&mut self, id: i16, element: TType, count: usize) -> thrift::Result<()> {
+        self.field(id, TType::List)?;
+        let count = i32::try_from(count).map_err(|_| thrift::Error::from("list too long"))?;
+        self.0
+            .write_list_begin(&TListIdentifier::new(element, count))
     }
 }
 
@@ -139,7 +215,14 @@ impl SpanExporter for AgentExporter {
     }
 
     fn set_resource(&mut self, resource: &Resource) {
-        self.process = encode_process(&self.service_name, resource);
+        self.resource = resource.clone();
+        let mut process = Vec::new();
+        self.process_bytes = write_process(
+            &mut Compact::into(&mut process),
+            &self.service_name,
+            resource,
+        )
+        .map_or(0, |()| process.len());
     }
 }
 
@@ -151,106 +234,91 @@ const CALL_FRAMING_BYTES: usize = 64;
 /// tags: every span of the host would otherwise repeat it.
 pub const HOST_TRACER: &str = "host";
 
-/// The size, at most, of an `emitBatch` call whose spans take `span_bytes`.
-fn call_bytes(process: &[u8], span_bytes: usize) -> usize {
-    CALL_FRAMING_BYTES + process.len() + span_bytes
+/// The size, at most, of an `emitBatch` call whose process takes `process` bytes and whose
+/// spans take `span_bytes`.
+fn call_bytes(process: usize, span_bytes: usize) -> usize {
+    CALL_FRAMING_BYTES + process + span_bytes
 }
 
 /// Bytes set aside for one encoded span: a request's span takes about this many, so it is
 /// written without growing the buffer again and again.
 const SPAN_CAPACITY: usize = 512;
 
-/// An `emitBatch` call up to its first span: the message head, the argument `batch` (field 1),
-/// its `process` (field 1), and the head of its `spans` list (field 2) of `count`.
-fn call_head(sequence: i32, process: &[u8], count: usize) -> Vec<u8> {
-    let mut head = CompactWriter::with_capacity(CALL_FRAMING_BYTES + process.len());
-    head.one_way_message("emitBatch", sequence);
-    head.struct_begin("Agent_emitBatch_args");
-    head.struct_field("batch", 1);
-    head.encoded_struct_field("process", 1, process);
-    head.list_field("spans", 2, CompactType::Struct, count);
-    head.into_bytes()
-}
-
 /// Jaeger's `Process`: the service's name and the resource's other attributes.
-fn encode_process(service_name: &str, resource: &Resource) -> Vec<u8> {
-    let mut process = CompactWriter::default();
-    process.struct_begin("Process");
-    process.string_field("serviceName", 1, service_name);
+fn write_process(
+    out: &mut Compact<'_>,
+    service_name: &str,
+    resource: &Resource,
+) -> thrift::Result<()> {
+    out.struct_begin()?;
+    out.string_field(1, service_name)?;
     let tags: Vec<(&Key, &Value)> = resource
         .iter()
         .filter(|(key, _)| key.as_str() != "service.name")
         .collect();
-    process.list_field("tags", 2, CompactType::Struct, tags.len() + 1);
+    out.list_field(2, TType::Struct, tags.len() + 1)?;
     for (key, value) in tags {
-        write_tag(&mut process, key.as_str(), value);
+        write_tag(out, key.as_str(), value)?;
     }
-    write_tag(
-        &mut process,
-        "service.name",
-        &Value::from(service_name.to_string()),
-    );
-    process.struct_end();
-    process.into_bytes()
+    write_tag(out, "service.name", &Value::from(service_name.to_string()))?;
+    out.struct_end()
 }
 
 /// Jaeger's `Span`: the ids, the name, links as references, the times in microseconds, the
 /// attributes, kind and status as tags, and events as logs.
-fn encode_span(span: &SpanData) -> Vec<u8> {
-    let mut out = CompactWriter::with_capacity(SPAN_CAPACITY);
+fn encode_span(span: &SpanData) -> thrift::Result<Vec<u8>> {
+    let mut bytes = Vec::with_capacity(SPAN_CAPACITY);
+    let mut out = Compact::into(&mut bytes);
     let context = &span.span_context;
     let (trace_high, trace_low) = split_trace_id(context.trace_id().to_bytes());
-    out.struct_begin("Span");
-    out.i64_field("traceIdLow", 1, trace_low);
-    out.i64_field("traceIdHigh", 2, trace_high);
-    out.i64_field(
-        "spanId",
-        3,
-        i64::from_be_bytes(context.span_id().to_bytes()),
-    );
-    let parent = i64::from_be_bytes(span.parent_span_id.to_bytes());
-    out.i64_field("parentSpanId", 4, parent);
-    out.string_field("operationName", 5, &span.name);
+    out.struct_begin()?;
+    out.i64_field(1, trace_low)?; // traceIdLow
+    out.i64_field(2, trace_high)?; // traceIdHigh
+    out.i64_field(3, i64::from_be_bytes(context.span_id().to_bytes()))?; // spanId
+    out.i64_field(4, i64::from_be_bytes(span.parent_span_id.to_bytes()))?; // parentSpanId
+    out.string_field(5, &span.name)?; // operationName
     if !span.links.is_empty() {
-        out.list_field("references", 6, CompactType::Struct, span.links.len());
+        out.list_field(6, TType::Struct, span.links.len())?; // references
         for link in span.links.iter() {
             let (high, low) = split_trace_id(link.span_context.trace_id().to_bytes());
-            out.struct_begin("SpanRef");
-            out.i32_field("refType", 1, FOLLOWS_FROM);
-            out.i64_field("traceIdLow", 2, low);
-            out.i64_field("traceIdHigh", 3, high);
-            let span_id = i64::from_be_bytes(link.span_context.span_id().to_bytes());
-            out.i64_field("spanId", 4, span_id);
-            out.struct_end();
+            out.struct_begin()?; // SpanRef
+            out.i32_field(1, FOLLOWS_FROM)?; // refType
+            out.i64_field(2, low)?; // traceIdLow
+            out.i64_field(3, high)?; // traceIdHigh
+            out.i64_field(
+                4,
+                i64::from_be_bytes(link.span_context.span_id().to_bytes()),
+            )?;
+            out.struct_end()?;
         }
     }
-    out.i32_field("flags", 7, i32::from(context.trace_flags().to_u8()));
-    out.i64_field("startTime", 8, micros_since_epoch(span.start_time));
+    out.i32_field(7, i32::from(context.trace_flags().to_u8()))?; // flags
+    out.i64_field(8, micros_since_epoch(span.start_time))?; // startTime
     let duration = span
         .end_time
         .duration_since(span.start_time)
         .unwrap_or_default();
-    out.i64_field("duration", 9, duration.as_micros() as i64);
+    out.i64_field(9, duration.as_micros() as i64)?; // duration
     let tags = span_tags(span);
-    out.list_field("tags", 10, CompactType::Struct, tags.len());
+    out.list_field(10, TType::Struct, tags.len())?; // tags
     for (key, value) in &tags {
-        write_tag(&mut out, key, value);
+        write_tag(&mut out, key, value)?;
     }
     if !span.events.is_empty() {
-        out.list_field("logs", 11, CompactType::Struct, span.events.len());
+        out.list_field(11, TType::Struct, span.events.len())?; // logs
         for event in span.events.iter() {
-            out.struct_begin("Log");
-            out.i64_field("timestamp", 1, micros_since_epoch(event.timestamp));
-            out.list_field("fields", 2, CompactType::Struct, event.attributes.len() + 1);
-            write_tag(&mut out, "event", &Value::from(event.name.clone()));
+            out.struct_begin()?; // Log
+            out.i64_field(1, micros_since_epoch(event.timestamp))?; // timestamp
+            out.list_field(2, TType::Struct, event.attributes.len() + 1)?; // fields
+            write_tag(&mut out, "event", &Value::from(event.name.clone()))?;
             for attribute in &event.attributes {
-                write_tag(&mut out, attribute.key.as_str(), &attribute.value);
+                write_tag(&mut out, attribute.key.as_str(), &attribute.value)?;
             }
-            out.struct_end();
+            out.struct_end()?;
         }
     }
-    out.struct_end();
-    out.into_bytes()
+    out.struct_end()?;
+    Ok(bytes)
 }
 
 /// The span's attributes, then what Jaeger shows of its kind and status (`span.kind`, `error`,
@@ -315,34 +383,36 @@ fn span_tags(span: &SpanData) -> Vec<(&str, Cow<'_, Value>)> {
     tags
 }
 
-/// Jaeger's `Tag`: a key and one typed value.
-fn write_tag(out: &mut CompactWriter, key: &str, value: &Value) {
-    out.struct_begin("Tag");
-    out.string_field("key", 1, key);
+/// Jaeger's `Tag`: a key (field 1), its `vType` (field 2) and one typed value.
+fn write_tag(out: &mut Compact<'_>, key: &str, value: &Value) -> thrift::Result<()> {
+    out.struct_begin()?;
+    out.string_field(1, key)?;
     match value {
         Value::Bool(flag) => {
-            out.i32_field("vType", 2, TagType::Bool as i32);
-            out.bool_field("vBool", 5, *flag);
+            out.i32_field(2, TagType::Bool as i32)?;
+            out.field(5, TType::Bool)?; // vBool
+            out.0.write_bool(*flag)?;
         }
         Value::I64(number) => {
-            out.i32_field("vType", 2, TagType::Long as i32);
-            out.i64_field("vLong", 6, *number);
+            out.i32_field(2, TagType::Long as i32)?;
+            out.i64_field(6, *number)?; // vLong
         }
         Value::F64(number) => {
-            out.i32_field("vType", 2, TagType::Double as i32);
-            out.double_field("vDouble", 4, *number);
+            out.i32_field(2, TagType::Double as i32)?;
+            out.field(4, TType::Double)?; // vDouble
+            out.0.write_double(*number)?;
         }
         Value::String(text) => {
-            out.i32_field("vType", 2, TagType::String as i32);
-            out.string_field("vStr", 3, text.as_str());
+            out.i32_field(2, TagType::String as i32)?;
+            out.string_field(3, text.as_str())?; // vStr
         }
         // An array, or a kind of value a later release adds, is written as its text.
         other => {
-            out.i32_field("vType", 2, TagType::String as i32);
-            out.string_field("vStr", 3, &other.to_string());
+            out.i32_field(2, TagType::String as i32)?;
+            out.string_field(3, &other.to_string())?;
         }
     }
-    out.struct_end();
+    out.struct_end()
 }
 
 /// A 128-bit trace id as Jaeger's two halves, high then low, each a signed 64-bit number.
@@ -553,7 +623,7 @@ mod tests {
             vec![KeyValue::new("n", 1)],
             0,
         ));
-        let bytes = encode_span(&span);
+        let bytes = encode_span(&span).unwrap();
         let mut rest: &[u8] = &bytes;
         let mut protocol = TCompactInputProtocol::new(&mut rest);
         let (mut ids, mut tags, mut references, mut logs) = (vec![], vec![], vec![], vec![]);

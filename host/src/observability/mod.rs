@@ -2,7 +2,6 @@
 //!
 //! - [`pipeline`]: installs the log writers and the exporters, flushes them at shutdown;
 //! - [`jaeger_agent`]: the exporter of spans to a Jaeger agent, Thrift over UDP;
-//! - [`thrift_compact`]: the Thrift compact protocol that exporter writes;
 //! - [`otlp`]: the OTLP exporters of spans, metrics and log records;
 //! - [`settings`]: the log and export settings, the OpenTelemetry SDK's variables among them;
 //! - [`request_span`]: each request's server span and what its answer records on it, and the
@@ -27,4 +26,3 @@ pub mod request_fields;
 pub mod request_span;
 pub mod routes;
 pub mod settings;
-pub mod thrift_compact;
