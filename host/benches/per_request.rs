@@ -58,7 +58,7 @@ async fn call(
 fn health() -> http::Request<GuestRequestBody> {
     http::Request::get("/api/health")
         .header("host", "bench")
-        .body(GuestRequestBody::complete(Bytes::new()))
+        .body(GuestRequestBody::new(Bytes::new(), Default::default()))
         .unwrap()
 }
 
@@ -66,9 +66,10 @@ fn compute(n: u32) -> http::Request<GuestRequestBody> {
     http::Request::post("/api/compute")
         .header("host", "bench")
         .header("content-type", "application/json")
-        .body(GuestRequestBody::complete(Bytes::from(format!(
-            r#"{{"n":{n}}}"#
-        ))))
+        .body(GuestRequestBody::new(
+            Bytes::from(format!(r#"{{"n":{n}}}"#)),
+            Default::default(),
+        ))
         .unwrap()
 }
 

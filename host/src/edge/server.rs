@@ -249,7 +249,7 @@ impl App {
         let serving = self.serving.current();
         // The guest changes with a swap: each request span says which one answered it.
         span.record_guest_version(serving.version.as_str());
-        let response = match serving.guest.handle(context, request).await {
+        match serving.guest.handle(context, request).await {
             Ok(response) => response.map(BodyExt::boxed_unsync),
             Err(error) => {
                 let (status, message) = match error {
@@ -268,8 +268,7 @@ impl App {
                 host_fault.record_over(one_line(&error));
                 responses::error(status, message)
             }
-        };
-        response
+        }
     }
 
     /// The guest serving new requests, which a reload swaps.
