@@ -26,7 +26,7 @@ const GUEST_LAYERS: &[&[&str]] = &[
     &["api"],
     &["routes", "validation", "response", "ports"],
     &["error", "fibonacci"],
-    &["limits", "arena"],
+    &["limits"],
 ];
 
 /// A crate's modules, each with the modules it references.

@@ -10,9 +10,7 @@
 //! - [`limits`]: the contract's limits on client input, stated once;
 //! - [`error`]: the one error type, each variant with its status and message;
 //! - [`response`]: the one place that builds responses, error bodies included;
-//! - [`ports`]: what the logic needs from its host (the user store, a clock);
-//! - [`arena`]: where an instance's allocations come from while they fit, cheaper than a
-//!   general allocator for an instance that serves one request.
+//! - [`ports`]: what the logic needs from its host (the user store, a clock).
 //!
 //! `wasm` is the thin edge compiled only for `wasm32`: it converts `wasi:http` requests and
 //! responses and implements the ports on the host's `users` interface.
@@ -27,7 +25,6 @@
 extern crate alloc;
 
 pub mod api;
-pub mod arena;
 pub mod error;
 pub mod fibonacci;
 pub mod limits;

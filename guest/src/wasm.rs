@@ -15,7 +15,6 @@ use wasi::http::types::{
 use wasi::io::streams::{OutputStream, StreamError};
 
 use crate::api;
-use crate::arena::ArenaFirst;
 use crate::ports::{self, Attribute, Clock, CreateError, Level, Unavailable, User, UserStore};
 use crate::response::{BodyWriter, ClientGone, Responder};
 
@@ -52,15 +51,14 @@ struct Component;
 
 export!(Component);
 
-/// The instance's allocator: an [`ArenaFirst`] of 64 KiB (a health check fits in it and never
-/// grows its memory) in front of dlmalloc, Rust's own wasm allocator (`std`'s, wasi-libc's
-/// malloc, is not linked in a `no_std` guest), trapping where it would fail: the memory the host
+/// The instance's allocator: dlmalloc, Rust's own wasm allocator (`std`'s, wasi-libc's malloc,
+/// is not linked in a `no_std` guest), trapping where it would fail: the memory the host
 /// refuses (the instance's limit, the host-wide budget) ends the instance at once, as `std`'s
 /// handler did, and the host answers 503 or 500 and says why. Without the trap `alloc` would
 /// make a panic of it, and an ERROR line.
 #[global_allocator]
-static ALLOCATOR: TrapWhenExhausted<ArenaFirst<{ 64 * 1024 }, dlmalloc::GlobalDlmalloc>> =
-    TrapWhenExhausted(ArenaFirst::new(dlmalloc::GlobalDlmalloc));
+static ALLOCATOR: TrapWhenExhausted<dlmalloc::GlobalDlmalloc> =
+    TrapWhenExhausted(dlmalloc::GlobalDlmalloc);
 
 /// A global allocator that traps instead of returning null.
 struct TrapWhenExhausted<A>(A);

@@ -1,7 +1,5 @@
 //! Route templates. The guest owns routing and names the template each request matched
 //! (`telemetry.set-route`); the host labels spans and metrics with it, a bounded set per guest.
-//! That a route was named also tells the host the path is known, which the edge's 413 for a body
-//! over the limit needs.
 //! The host knows one route of its own, `/metrics`, and nothing of the guest's API.
 
 use std::collections::HashSet;
