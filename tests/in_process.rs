@@ -204,3 +204,46 @@ async fn one_peer_stalling_bodies_fills_its_share_and_a_fresh_clients_post_gets_
     let (status, user) = create_with(&fresh, &server.base_url, "Fresh", "fresh@x.io").await;
     assert_eq!(status, 201, "{user}");
 }
+
+#[test]
+fn a_component_importing_every_function_the_host_offers_links() {
+    // Made from wit/ itself: the `hosted` world imports every interface the host implements
+    // (the service's `users` and `telemetry`, wasi:http and what it includes, wasi:otel), so a
+    // host function missing, misnamed or mistyped against the WIT fails here, not in a guest.
+    let mut resolve = wit_parser::Resolve::default();
+    let wit = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../wit");
+    let (package, _) = resolve.push_path(&wit).expect("wit/ parses");
+    let world = resolve
+        .select_world(&[package], Some("hosted"))
+        .expect("wit/ has the hosted world");
+    let mangling = wit_parser::ManglingAndAbi::Legacy(wit_parser::LiftLowerAbi::Sync);
+    let mut module = wit_component::dummy_module(&resolve, world, mangling);
+    wit_component::embed_component_metadata(
+        &mut module,
+        &resolve,
+        world,
+        wit_component::StringEncoding::UTF8,
+    )
+    .expect("the metadata embeds");
+    let component = wit_component::ComponentEncoder::default()
+        .module(&module)
+        .expect("the module is a component's core")
+        .validate(true)
+        .encode()
+        .expect("the component encodes");
+    let imports = wasmparser::Parser::new(0)
+        .parse_all(&component)
+        .filter_map(|payload| match payload {
+            Ok(wasmparser::Payload::ComponentImportSection(section)) => Some(section.count()),
+            _ => None,
+        })
+        .sum::<u32>();
+    assert!(imports >= 20, "only {imports} interfaces imported");
+    let path = tempdir().join("every-import.wasm");
+    std::fs::write(&path, component).unwrap();
+    let runtime = Runtime::new(ComponentCache::new(tempdir()), GuestLimits::default())
+        .expect("the wasm runtime starts");
+    if let Err(error) = runtime.load(&path) {
+        panic!("the host does not link every function of its WIT: {error:?}");
+    }
+}
