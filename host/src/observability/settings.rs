@@ -149,9 +149,13 @@ pub fn check(var: Env) -> Result<(), Error> {
         let Some(value) = var(name) else { continue };
         let reason = match value.to_str() {
             None => Some("not UTF-8 text".to_string()),
-            // The SDK takes a signal's own headers, even empty, over the general ones.
-            Some(value) if value.trim().is_empty() && kind == HEADERS && general_headers => {
-                Some("empty, so OTEL_EXPORTER_OTLP_HEADERS would not be sent; unset it".into())
+            // The SDK takes a signal's own headers, even blank, over the general ones, and
+            // spaces for a URL.
+            Some(value)
+                if value.trim().is_empty()
+                    && (kind == HEADERS && general_headers || kind == Url && !value.is_empty()) =>
+            {
+                Some("blank, which the SDK would not take for unset; unset it".into())
             }
             Some(value) if value.trim().is_empty() => None,
             Some(value) => checked(kind, value, var).err(),
@@ -395,6 +399,7 @@ impl TelemetryArgs {
         })
     }
 }
+
 /// A port setting: a port, or nothing when the setting is empty.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct MaybePort(pub Option<u16>);
@@ -717,6 +722,10 @@ mod tests {
             (
                 &[("OTEL_EXPORTER_OTLP_TIMEOUT", " 500")],
                 "OTEL_EXPORTER_OTLP_TIMEOUT",
+            ),
+            (
+                &[("OTEL_EXPORTER_OTLP_LOGS_ENDPOINT", "  ")],
+                "OTEL_EXPORTER_OTLP_LOGS_ENDPOINT",
             ),
             (
                 &[("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "https://c/v1/traces")],
