@@ -217,7 +217,7 @@ async fn over_grpc_the_headers_variable_reaches_the_collector_as_metadata() {
 }
 
 #[tokio::test]
-async fn the_headers_flag_wins_over_its_variable_over_both_protocols() {
+async fn the_spans_own_headers_variable_replaces_the_general_one_over_both_protocols() {
     for protocol in [Protocol::Http, Protocol::Grpc] {
         let collector = protocol.collector(Behaviour::Answers);
         let endpoint = collector.base_url();
@@ -231,15 +231,15 @@ async fn the_headers_flag_wins_over_its_variable_over_both_protocols() {
                     "OTEL_EXPORTER_OTLP_HEADERS",
                     "x-tenant=from-variable,x-other=1",
                 ),
+                ("OTEL_EXPORTER_OTLP_TRACES_HEADERS", "x-tenant=from-traces"),
             ])
-            .flags(&["--otel-exporter-otlp-headers", "x-tenant=from-flag"])
             .start();
-        create_user_with_id(&host, "otlp-header-flag", None).await;
-        creation_spans(&collector, "otlp-header-flag");
+        create_user_with_id(&host, "otlp-header-traces", None).await;
+        creation_spans(&collector, "otlp-header-traces");
         for export in collector.headers() {
             assert_eq!(
                 export.get("x-tenant").map(String::as_str),
-                Some("from-flag"),
+                Some("from-traces"),
                 "{protocol:?}: {export:?}"
             );
             assert_eq!(export.get("x-other"), None, "{protocol:?}: {export:?}");
@@ -263,8 +263,7 @@ async fn a_traces_endpoint_is_used_as_is_and_an_empty_variable_counts_as_unset()
     );
     create_user_with_id(&host, "otlp-traces-endpoint", None).await;
     creation_spans(&collector, "otlp-traces-endpoint");
-    // Over gRPC an empty traces endpoint falls back to the base one (the exporter alone would
-    // take the empty text for a URL and export nothing).
+    // Over gRPC an empty traces endpoint falls back to the base one.
     let collector = Collector::grpc(Behaviour::Answers);
     let host = host_exporting_to(
         &collector,

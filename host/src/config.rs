@@ -12,19 +12,25 @@ use clap::{Arg, Command, CommandFactory, FromArgMatches, Parser};
 
 use crate::edge::settings::EdgeSettings;
 use crate::error::Error;
-use crate::observability::settings::{TelemetryArgs, TelemetrySettings};
+use crate::observability::settings::{self, Env, TelemetryArgs, TelemetrySettings};
 use crate::runtime::settings::GuestSettings;
 use crate::user_store::StoreChoice;
 use crate::user_store::settings::StoreSettings;
 
 /// The rule every value follows, said once under `--help`.
 const VALUE_RULE: &str = "\
-Every setting is a flag and an environment variable (shown as [env: NAME=]); a flag wins over \
-its variable. Every value is trimmed; an empty one counts as unset.";
+Every setting above is a flag and an environment variable (shown as [env: NAME=]); a flag wins \
+over its variable. Every value is trimmed; an empty one counts as unset.";
+
+/// What `--help` says after the flags: the rule for values, then the OpenTelemetry variables,
+/// which have no flags.
+fn after_help() -> String {
+    format!("{VALUE_RULE}\n\n{}", settings::variables_help())
+}
 
 /// Serves the tutorial service's guest component over HTTP.
 #[derive(Debug, Clone, Parser)]
-#[command(name = "host", version, about, after_help = VALUE_RULE)]
+#[command(name = "host", version, about, after_help = after_help())]
 pub struct Config {
     /// Which guest serves, and what its instances may use.
     #[command(flatten)]
@@ -97,19 +103,20 @@ impl Config {
         self.users.choice(self.runtime.request_timeout())
     }
 
-    /// Where log lines and spans go, checked.
-    pub fn telemetry(&self) -> Result<TelemetrySettings, Error> {
-        self.telemetry.settings()
+    /// Where log lines and spans go, once the OpenTelemetry variables `var` gives are checked.
+    pub fn telemetry(&self, var: Env) -> Result<TelemetrySettings, Error> {
+        self.telemetry.settings(var)
     }
 }
 
-/// Every environment variable the host reads: one per setting.
+/// Every environment variable the host or the OpenTelemetry SDK reads: one per setting.
 pub fn variables() -> Vec<String> {
     let command = Config::command();
     let mut names: Vec<String> = command
         .get_arguments()
         .filter_map(Arg::get_env)
         .filter_map(|name| name.to_str().map(str::to_string))
+        .chain(settings::variables().map(str::to_string))
         .collect();
     names.sort();
     names
@@ -268,19 +275,24 @@ mod tests {
         list.iter().map(OsString::from).collect()
     }
 
-    /// The configuration of `flags` and of the variables `pairs`, and nothing else.
-    fn read(flags: &[&str], pairs: &[(&str, &str)]) -> Result<Config, NotRead> {
+    /// An environment of the variables `pairs`, and nothing else.
+    fn env(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<OsString> + use<> {
         let pairs: Vec<(String, OsString)> = pairs
             .iter()
             .map(|(name, value)| (name.to_string(), OsString::from(value)))
             .collect();
-        let command_line = std::iter::once("host").chain(flags.iter().copied());
-        Config::read(args(&command_line.collect::<Vec<_>>()), move |name| {
+        move |name| {
             pairs
                 .iter()
                 .find(|(key, _)| key == name)
                 .map(|(_, value)| value.clone())
-        })
+        }
+    }
+
+    /// The configuration of `flags` and of the variables `pairs`, and nothing else.
+    fn read(flags: &[&str], pairs: &[(&str, &str)]) -> Result<Config, NotRead> {
+        let command_line = std::iter::once("host").chain(flags.iter().copied());
+        Config::read(args(&command_line.collect::<Vec<_>>()), env(pairs))
     }
 
     fn flags(flags: &[&str]) -> Config {
@@ -341,23 +353,20 @@ mod tests {
 
     #[test]
     fn variables_set_values_trimmed_and_a_flag_wins_over_its_variable() {
-        let config = read(
-            &["--port", "9001"],
-            &[
-                ("PORT", "9000"),
-                ("BIND", " 127.0.0.1 "),
-                ("GUEST_WATCH", "yes"),
-                ("OTEL_TRACES_EXPORTER", " none "),
-                ("OTEL_SERVICE_NAME", ""),
-            ],
-        )
-        .unwrap();
+        let pairs = [
+            ("PORT", "9000"),
+            ("BIND", " 127.0.0.1 "),
+            ("GUEST_WATCH", "yes"),
+            ("OTEL_TRACES_EXPORTER", " none "),
+            ("OTEL_SERVICE_NAME", ""),
+        ];
+        let config = read(&["--port", "9001"], &pairs).unwrap();
         assert_eq!(
             config.edge.listen_addr(),
             "127.0.0.1:9001".parse::<SocketAddr>().unwrap()
         );
         assert!(config.runtime.watch);
-        let telemetry = config.telemetry().unwrap();
+        let telemetry = config.telemetry(&env(&pairs)).unwrap();
         assert_eq!(telemetry.export, SpanExport::Off);
         assert_eq!(telemetry.service_name, DEFAULT_SERVICE_NAME);
         let off = read(&[], &[("GUEST_WATCH", "false")]).unwrap();
@@ -413,7 +422,7 @@ mod tests {
             "--jaeger-agent-port",
             "",
         ]);
-        let settings = config.telemetry().unwrap();
+        let settings = config.telemetry(&env(&[])).unwrap();
         assert_eq!(settings.service_name, DEFAULT_SERVICE_NAME);
         assert_eq!(
             settings.export,
@@ -431,7 +440,7 @@ mod tests {
             "--jaeger-agent-port",
             "7000",
         ]);
-        let settings = set.telemetry().unwrap();
+        let settings = set.telemetry(&env(&[])).unwrap();
         assert_eq!(settings.service_name, "svc");
         assert_eq!(
             settings.export,

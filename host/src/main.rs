@@ -40,7 +40,7 @@ fn main() -> ExitCode {
             return ExitCode::SUCCESS;
         }
     };
-    let telemetry_settings = match config.telemetry() {
+    let telemetry_settings = match config.telemetry(&|name| std::env::var_os(name)) {
         Ok(settings) => settings,
         Err(error) => {
             eprintln!("error: {error}");

@@ -3,7 +3,8 @@
 //! - [`pipeline`]: installs the log writers and the exporters, flushes them at shutdown;
 //! - [`jaeger_agent`]: the exporter of spans to a Jaeger agent, Thrift over UDP;
 //! - [`otlp`]: the OTLP exporters of spans, metrics and log records;
-//! - [`settings`]: the log and export settings, the OpenTelemetry SDK's variables among them;
+//! - [`settings`]: the log and export settings, and the start-up check of the OpenTelemetry SDK's
+//!   variables;
 //! - [`request_span`]: each request's server span and what its answer records on it, and the
 //!   host's spans inside it, built on the OpenTelemetry SDK;
 //! - [`request_fields`]: the fields every log line of a request carries, and which request a

@@ -1,12 +1,9 @@
-//! The OTLP exporters of all three signals, built from the host's settings alone, and the one
-//! way a failing export is said.
+//! The OTLP exporters of all three signals, and the one way a failing export is said.
 //!
 //! An export is tried once and given up at its timeout: opentelemetry-otlp's default retries
 //! would send up to four times to a collector that fails fast, and let one export outlive its
-//! timeout. opentelemetry-otlp reads the `OTEL_EXPORTER_OTLP_*` variables again itself and adds
-//! their headers after the ones it is given; the host reads each variable once (flags win), so its
-//! exporters get a gRPC channel and interceptor, and an HTTP client, that send to the host's
-//! endpoint with only the host's headers.
+//! timeout. Everything else the exporters read from the `OTEL_EXPORTER_OTLP_*` variables
+//! themselves, once the host has checked them (settings.rs).
 
 use std::future::Future;
 use std::pin::Pin;
@@ -133,38 +130,32 @@ fn unbuilt(error: impl std::fmt::Display) -> OTelSdkError {
     OTelSdkError::InternalFailure(format!("cannot build the OTLP exporter: {error}"))
 }
 
-/// `builder` (a span, metric or log exporter's) finished for `settings`' transport: over HTTP
-/// with the host's client, over gRPC with the host's channel and interceptor; each export tried
-/// once and given up after `timeout`. A macro: the three builders share their methods through
-/// traits, but each transport's builder is a type of its own per signal.
+/// `builder` (a span, metric or log exporter's) finished for `settings`' transport, which the
+/// SDK leaves to its caller: over HTTP with the host's client, over gRPC with the SDK's own
+/// channel; each export tried once. The SDK reads the endpoint, headers, timeout and
+/// compression from the variables, checked at start. A macro: the three builders share their
+/// methods through traits, but each transport's builder is a type of its own per signal.
 macro_rules! built_for {
     ($builder:expr, $settings:expr, $timeout:expr) => {{
         let (settings, timeout): (&OtlpSettings, Duration) = ($settings, $timeout);
         match settings.protocol {
             OtlpProtocol::HttpProtobuf => $builder
                 .with_http()
-                .with_http_client(ToEndpoint::new(settings, timeout)?)
-                .with_endpoint(&settings.endpoint)
+                .with_http_client(OnRuntime::new(timeout)?)
                 .with_protocol(opentelemetry_otlp::Protocol::HttpBinary)
-                .with_timeout(timeout)
                 .with_retry_policy(RetryPolicy::disabled())
                 .build(),
-            OtlpProtocol::Grpc => {
-                let (channel, interceptor) = grpc(settings, timeout)?;
-                $builder
-                    .with_tonic()
-                    .with_channel(channel)
-                    .with_interceptor(interceptor)
-                    .with_timeout(timeout)
-                    .with_retry_policy(RetryPolicy::disabled())
-                    .build()
-            }
+            OtlpProtocol::Grpc => $builder
+                .with_tonic()
+                .with_retry_policy(RetryPolicy::disabled())
+                .build(),
         }
         .map_err(unbuilt)
     }};
 }
 
-/// The span exporter to `settings`' collector, each export given up after `timeout`.
+/// The span exporter to `settings`' collector, each export over HTTP given up after `timeout`
+/// (the batch processor gives up a gRPC one).
 pub fn span_exporter(
     settings: &OtlpSettings,
     timeout: Duration,
@@ -198,63 +189,20 @@ pub fn log_exporter(
     )
 }
 
-/// Gives every gRPC call exactly the settings' headers as its metadata. The exporter adds the
-/// variables' headers to the request first; this runs last and replaces them.
-#[derive(Clone)]
-struct HostMetadata(tonic::metadata::MetadataMap);
-
-impl tonic::service::Interceptor for HostMetadata {
-    fn call(
-        &mut self,
-        mut request: tonic::Request<()>,
-    ) -> Result<tonic::Request<()>, tonic::Status> {
-        *request.metadata_mut() = self.0.clone();
-        Ok(request)
-    }
-}
-
-/// A gRPC channel to the settings' endpoint (connected lazily, so a collector that is not up
-/// yet is no error; each call given up after `timeout`), and the interceptor that sends only
-/// the settings' headers. Must be called inside the tokio runtime, which drives the channel.
-fn grpc(
-    settings: &OtlpSettings,
-    timeout: Duration,
-) -> Result<(tonic::transport::Channel, HostMetadata), OTelSdkError> {
-    let mut metadata = tonic::metadata::MetadataMap::new();
-    for (name, value) in &settings.headers {
-        // Checked as HTTP headers at start; gRPC metadata keys are the same, lower-cased.
-        if let (Ok(key), Ok(value)) = (
-            tonic::metadata::AsciiMetadataKey::from_bytes(name.to_ascii_lowercase().as_bytes()),
-            value.parse(),
-        ) {
-            metadata.insert(key, value);
-        }
-    }
-    let channel = tonic::transport::Channel::from_shared(settings.endpoint.clone())
-        .map_err(unbuilt)?
-        .timeout(timeout)
-        .connect_timeout(timeout)
-        .connect_lazy();
-    Ok((channel, HostMetadata(metadata)))
-}
-
-/// The OTLP/HTTP client: sends every export to the settings' endpoint with the settings'
-/// headers, on the host's runtime (the SDK's batch processors export from threads of their
-/// own, where reqwest's connections could not be driven).
+/// The OTLP/HTTP client: sends every export on the host's runtime (the SDK's batch processors
+/// export from threads of their own, where reqwest's connections could not be driven), each
+/// given up at the timeout (the SDK bounds only its own clients' sends).
 #[derive(Debug)]
-struct ToEndpoint {
+struct OnRuntime {
     client: reqwest::Client,
-    endpoint: http::Uri,
-    /// The settings' headers, sent in place of any the exporter added.
-    headers: http::HeaderMap,
     runtime: tokio::runtime::Handle,
 }
 
-impl ToEndpoint {
-    /// A client for `settings`, each export given up after `timeout`. Not reqwest's default
-    /// client: that one follows redirects (resending the headers, API keys included, wherever a
+impl OnRuntime {
+    /// A client whose every export is given up after `timeout`. Not reqwest's default client:
+    /// that one follows redirects (resending the headers, API keys included, wherever a
     /// collector points) and honours `HTTP_PROXY`. Must be called inside the tokio runtime.
-    fn new(settings: &OtlpSettings, timeout: Duration) -> Result<ToEndpoint, OTelSdkError> {
+    fn new(timeout: Duration) -> Result<OnRuntime, OTelSdkError> {
         let client = reqwest::Client::builder()
             .redirect(reqwest::redirect::Policy::none())
             .no_proxy()
@@ -262,37 +210,17 @@ impl ToEndpoint {
             .connect_timeout(timeout)
             .build()
             .map_err(unbuilt)?;
-        let endpoint = settings.endpoint.parse().map_err(unbuilt)?;
-        let mut headers = http::HeaderMap::new();
-        for (name, value) in &settings.headers {
-            // Checked as HTTP headers at start.
-            let name: http::HeaderName = name.parse().map_err(unbuilt)?;
-            headers.insert(name, value.parse().map_err(unbuilt)?);
-        }
-        Ok(ToEndpoint {
+        Ok(OnRuntime {
             client,
-            endpoint,
-            headers,
             runtime: tokio::runtime::Handle::try_current().map_err(unbuilt)?,
         })
     }
 
-    /// Sends `request` as the settings say and reads the answer, at most `MAX_ANSWER_BYTES` of it.
+    /// Sends `request` and reads the answer, at most `MAX_ANSWER_BYTES` of it.
     async fn send(
         &self,
-        mut request: http::Request<Bytes>,
+        request: http::Request<Bytes>,
     ) -> Result<http::Response<Bytes>, opentelemetry_http::HttpError> {
-        *request.uri_mut() = self.endpoint.clone();
-        let content = [http::header::CONTENT_TYPE, http::header::CONTENT_ENCODING].map(|name| {
-            request
-                .headers()
-                .get(&name)
-                .cloned()
-                .map(|value| (name, value))
-        });
-        let headers = request.headers_mut();
-        headers.clone_from(&self.headers);
-        headers.extend(content.into_iter().flatten());
         let request = reqwest::Request::try_from(request)?;
         let client = self.client.clone();
         let exchange = async move {
@@ -320,7 +248,7 @@ impl ToEndpoint {
     }
 }
 
-impl opentelemetry_http::HttpClient for ToEndpoint {
+impl opentelemetry_http::HttpClient for OnRuntime {
     fn send_bytes<'client, 'call>(
         &'client self,
         request: http::Request<Bytes>,

@@ -288,13 +288,9 @@ fn tracer_provider(
     settings: &TelemetrySettings,
     resource: &Resource,
 ) -> Result<Option<SdkTracerProvider>, OTelSdkError> {
-    let limits = settings.batch;
-    // Every setting given here, so none comes from the SDK's own unchecked reading. The queue
-    // is bounded: when the exporter falls behind, new spans are dropped, never waited for.
-    let batch = BatchConfigBuilder::default()
-        .with_scheduled_delay(limits.schedule_delay)
-        .with_max_queue_size(limits.max_queue_size)
-        .with_max_concurrent_exports(limits.max_concurrent_exports);
+    // The SDK reads the other `OTEL_BSP_*` variables itself, checked at start. The queue is
+    // bounded: when the exporter falls behind, new spans are dropped, never waited for.
+    let batch = BatchConfigBuilder::default();
     let mut processor = match &settings.export {
         SpanExport::Off => return Ok(None),
         SpanExport::JaegerAgent { host, port } => {
@@ -302,27 +298,24 @@ fn tracer_provider(
                 .map_err(|error| OTelSdkError::InternalFailure(error.to_string()))?;
             let batch = batch
                 .with_max_export_batch_size(
-                    limits
-                        .max_export_batch_size
-                        .unwrap_or(SPANS_PER_AGENT_BATCH),
+                    settings.span_batch_size.unwrap_or(SPANS_PER_AGENT_BATCH),
                 )
-                .with_max_export_timeout(limits.export_timeout.unwrap_or(AGENT_EXPORT_TIMEOUT));
+                .with_max_export_timeout(
+                    settings.span_export_timeout.unwrap_or(AGENT_EXPORT_TIMEOUT),
+                );
             BatchSpanProcessor::builder(Reported::new(exporter, "span"), Tokio)
                 .with_batch_config(batch.build())
                 .build()
         }
         SpanExport::Otlp(otlp) => {
-            // `OTEL_BSP_EXPORT_TIMEOUT` bounds an export too, when it is the shorter.
-            let timeout = limits
-                .export_timeout
+            // `OTEL_BSP_EXPORT_TIMEOUT` bounds an export too, when it is the shorter; the SDK's
+            // default (30 s) would outlast the export's own timeout.
+            let timeout = settings
+                .span_export_timeout
                 .map_or(otlp.timeout, |timeout| timeout.min(otlp.timeout));
-            let mut batch = batch.with_max_export_timeout(timeout);
-            if let Some(size) = limits.max_export_batch_size {
-                batch = batch.with_max_export_batch_size(size);
-            }
             let exporter = otlp::span_exporter(otlp, timeout)?;
             BatchSpanProcessor::builder(Reported::new(exporter, "span"), Tokio)
-                .with_batch_config(batch.build())
+                .with_batch_config(batch.with_max_export_timeout(timeout).build())
                 .build()
         }
     };
@@ -346,17 +339,10 @@ fn logger_provider(
     let Some(otlp) = &settings.log_export else {
         return Ok(None);
     };
-    let limits = settings.log_batch;
-    let batch = opentelemetry_sdk::logs::BatchConfigBuilder::default()
-        .with_scheduled_delay(limits.schedule_delay)
-        .with_max_queue_size(limits.max_queue_size)
-        .with_max_export_batch_size(limits.max_export_batch_size)
-        .build();
     let exporter = otlp::log_exporter(otlp)?;
+    // The `OTEL_BLRP_*` variables, checked at start, are the SDK's to read.
     let processor =
-        opentelemetry_sdk::logs::BatchLogProcessor::builder(Reported::new(exporter, "log"))
-            .with_batch_config(batch)
-            .build();
+        opentelemetry_sdk::logs::BatchLogProcessor::builder(Reported::new(exporter, "log")).build();
     Ok(Some(
         SdkLoggerProvider::builder()
             .with_log_processor(processor)

@@ -1,14 +1,16 @@
-//! The telemetry settings: where log lines go and which they keep, and where spans go and what
-//! describes the process on them. The OpenTelemetry SDK's variables are read as every SDK reads
-//! them (each is also a flag, its name in lower case with dashes), checked once at start: a bad
-//! value is an error that names its variable, never a silent fallback. An empty value counts as
-//! unset, as the SDK specification says.
+//! The telemetry settings: where log lines go and which they keep, and which exporter each
+//! signal has. The OpenTelemetry SDK reads its own variables (endpoints, headers, timeouts,
+//! compression, batches); the host reads only what the SDK leaves to its caller: each signal's
+//! exporter and transport, `OTEL_SDK_DISABLED`, the resource, and the Jaeger agent (an exporter
+//! of the host's). The SDK ignores a value it cannot use without a word, so every documented
+//! variable is checked once at start, before any builder reads it: a bad value is an error that
+//! names its variable. An empty value counts as unset, as the SDK specification says.
 
-use std::collections::BTreeMap;
+use std::ffi::OsString;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use clap::{Arg, ArgMatches, Args, Command, FromArgMatches};
+use clap::Args;
 
 use crate::error::Error;
 
@@ -49,220 +51,239 @@ pub struct TelemetryArgs {
     /// UDP port of the Jaeger agent [default: 6831].
     #[arg(long, env = "OTEL_EXPORTER_JAEGER_AGENT_PORT", value_parser = optional_port)]
     pub jaeger_agent_port: Option<MaybePort>,
-
-    /// The OpenTelemetry SDK's variables.
-    #[command(flatten)]
-    pub otel: OtelVariables,
 }
 
-// The SDK's variables, by name; each is described once, in `OTEL_VARIABLES`.
-const TRACES_EXPORTER: &str = "OTEL_TRACES_EXPORTER";
-const METRICS_EXPORTER: &str = "OTEL_METRICS_EXPORTER";
-const LOGS_EXPORTER: &str = "OTEL_LOGS_EXPORTER";
-const METRIC_EXPORT_INTERVAL: &str = "OTEL_METRIC_EXPORT_INTERVAL";
-const OTLP_METRICS_ENDPOINT: &str = "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT";
-const OTLP_METRICS_PROTOCOL: &str = "OTEL_EXPORTER_OTLP_METRICS_PROTOCOL";
-const OTLP_METRICS_HEADERS: &str = "OTEL_EXPORTER_OTLP_METRICS_HEADERS";
-const OTLP_METRICS_TIMEOUT: &str = "OTEL_EXPORTER_OTLP_METRICS_TIMEOUT";
-const OTLP_METRICS_COMPRESSION: &str = "OTEL_EXPORTER_OTLP_METRICS_COMPRESSION";
-const OTLP_LOGS_ENDPOINT: &str = "OTEL_EXPORTER_OTLP_LOGS_ENDPOINT";
-const OTLP_LOGS_PROTOCOL: &str = "OTEL_EXPORTER_OTLP_LOGS_PROTOCOL";
-const OTLP_LOGS_HEADERS: &str = "OTEL_EXPORTER_OTLP_LOGS_HEADERS";
-const OTLP_LOGS_TIMEOUT: &str = "OTEL_EXPORTER_OTLP_LOGS_TIMEOUT";
-const OTLP_LOGS_COMPRESSION: &str = "OTEL_EXPORTER_OTLP_LOGS_COMPRESSION";
-const BLRP_SCHEDULE_DELAY: &str = "OTEL_BLRP_SCHEDULE_DELAY";
-const BLRP_MAX_QUEUE_SIZE: &str = "OTEL_BLRP_MAX_QUEUE_SIZE";
-const BLRP_MAX_EXPORT_BATCH_SIZE: &str = "OTEL_BLRP_MAX_EXPORT_BATCH_SIZE";
-const SDK_DISABLED: &str = "OTEL_SDK_DISABLED";
-const OTLP_ENDPOINT: &str = "OTEL_EXPORTER_OTLP_ENDPOINT";
-const OTLP_TRACES_ENDPOINT: &str = "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT";
-const OTLP_PROTOCOL: &str = "OTEL_EXPORTER_OTLP_PROTOCOL";
-const OTLP_HEADERS: &str = "OTEL_EXPORTER_OTLP_HEADERS";
-const OTLP_TIMEOUT: &str = "OTEL_EXPORTER_OTLP_TIMEOUT";
-const RESOURCE_ATTRIBUTES: &str = "OTEL_RESOURCE_ATTRIBUTES";
-const OTLP_TRACES_PROTOCOL: &str = "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL";
-const OTLP_TRACES_HEADERS: &str = "OTEL_EXPORTER_OTLP_TRACES_HEADERS";
-const OTLP_TRACES_TIMEOUT: &str = "OTEL_EXPORTER_OTLP_TRACES_TIMEOUT";
-const OTLP_COMPRESSION: &str = "OTEL_EXPORTER_OTLP_COMPRESSION";
-const OTLP_TRACES_COMPRESSION: &str = "OTEL_EXPORTER_OTLP_TRACES_COMPRESSION";
-const BSP_SCHEDULE_DELAY: &str = "OTEL_BSP_SCHEDULE_DELAY";
-const BSP_MAX_QUEUE_SIZE: &str = "OTEL_BSP_MAX_QUEUE_SIZE";
-const BSP_MAX_EXPORT_BATCH_SIZE: &str = "OTEL_BSP_MAX_EXPORT_BATCH_SIZE";
-const BSP_EXPORT_TIMEOUT: &str = "OTEL_BSP_EXPORT_TIMEOUT";
-const BSP_MAX_CONCURRENT_EXPORTS: &str = "OTEL_BSP_MAX_CONCURRENT_EXPORTS";
+/// The environment, as [`crate::config::Config::read`] is given it.
+pub type Env<'a> = &'a dyn Fn(&str) -> Option<OsString>;
 
-/// The SDK's variables this host reads, each with its help: the one declaration of each, from
-/// which the flags, `--help` and [`OtelVariables`] are made.
-const OTEL_VARIABLES: &[(&str, &str)] = &[
-    (
-        TRACES_EXPORTER,
-        "Where spans go: jaeger (UDP agent) | otlp | none [otlp when an OTLP endpoint for \
-         spans is set, else jaeger]",
-    ),
-    (
-        METRICS_EXPORTER,
-        "Metrics pushed beside /metrics: otlp | none (or prometheus: /metrics only) [otlp \
-         when an OTLP endpoint for metrics is set, else none]",
-    ),
-    (
-        LOGS_EXPORTER,
-        "Log lines also sent as OTLP log records: otlp | none [otlp when an OTLP endpoint \
-         for logs is set, else none]",
-    ),
-    (
-        SDK_DISABLED,
-        "true: export no spans, metrics or logs (/metrics stays)",
-    ),
-    (
-        OTLP_ENDPOINT,
-        "Collector base URL, for all three signals [http://localhost:4318; over grpc :4317]",
-    ),
-    (
-        OTLP_TRACES_ENDPOINT,
-        "Full URL for spans (wins over the base URL)",
-    ),
-    (OTLP_PROTOCOL, "http/protobuf (the default) | grpc"),
-    (
-        OTLP_TRACES_PROTOCOL,
-        "The same, for spans only (wins over the above)",
-    ),
-    (
-        OTLP_HEADERS,
-        "key=value,... sent with every export, values percent-encoded",
-    ),
-    (
-        OTLP_TRACES_HEADERS,
-        "The same, for spans only (wins over the above)",
-    ),
-    (OTLP_TIMEOUT, "Milliseconds one export may take [10000]"),
-    (
-        OTLP_TRACES_TIMEOUT,
-        "The same, for spans only (wins over the above)",
-    ),
-    (OTLP_COMPRESSION, "none (the only value this build accepts)"),
-    (OTLP_TRACES_COMPRESSION, "The same, for spans only"),
-    (
-        OTLP_METRICS_ENDPOINT,
-        "Full URL for metrics (wins over the base URL)",
-    ),
-    (OTLP_METRICS_PROTOCOL, "Protocol for metrics only"),
-    (OTLP_METRICS_HEADERS, "Headers for metrics only"),
-    (OTLP_METRICS_TIMEOUT, "Timeout for metrics only"),
-    (OTLP_METRICS_COMPRESSION, "Compression for metrics only"),
-    (
-        METRIC_EXPORT_INTERVAL,
-        "Milliseconds between two pushes of every metric [60000]",
-    ),
-    (
-        OTLP_LOGS_ENDPOINT,
-        "Full URL for logs (wins over the base URL)",
-    ),
-    (OTLP_LOGS_PROTOCOL, "Protocol for logs only"),
-    (OTLP_LOGS_HEADERS, "Headers for logs only"),
-    (OTLP_LOGS_TIMEOUT, "Timeout for logs only"),
-    (OTLP_LOGS_COMPRESSION, "Compression for logs only"),
-    (
-        BLRP_SCHEDULE_DELAY,
-        "Milliseconds between log record batches [1000]",
-    ),
-    (
-        BLRP_MAX_QUEUE_SIZE,
-        "Log records waiting for export at most; more are dropped [2048]",
-    ),
-    (BLRP_MAX_EXPORT_BATCH_SIZE, "Log records per batch [512]"),
-    (
-        RESOURCE_ATTRIBUTES,
-        "key=value,... on every span's resource, values percent-encoded",
-    ),
-    (
-        BSP_SCHEDULE_DELAY,
-        "Milliseconds between span batches [5000]",
-    ),
-    (
-        BSP_MAX_QUEUE_SIZE,
-        "Spans waiting for export at most; more are dropped [2048]",
-    ),
-    (
-        BSP_MAX_EXPORT_BATCH_SIZE,
-        "Spans per batch [128 to the agent, 512 over OTLP]",
-    ),
-    (
-        BSP_EXPORT_TIMEOUT,
-        "Milliseconds one export to the agent may take [5000]",
-    ),
-    (BSP_MAX_CONCURRENT_EXPORTS, "Exports at once [1]"),
+/// What a variable's value must be for the SDK (or the host) to read it as meant.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    /// One of these words, in any case; `true`: or a comma-separated list of them.
+    Word(&'static [&'static str], bool),
+    /// A whole number in this range, with nothing around it (the SDK ignores any other).
+    Number(u64, u64),
+    /// A `QUEUE` number no larger than the queue this variable names (the SDK would shrink it).
+    Batch(&'static str),
+    /// An `http://` URL with a host.
+    Url,
+    /// `key=value,...`, values percent-encoded; `true`: each one an HTTP header the SDK sends.
+    Pairs(bool),
+}
+
+use Kind::{Batch, Number, Pairs, Url, Word};
+
+const PROTOCOL: Kind = Word(&["http/protobuf", "grpc"], false);
+/// No compression feature is built in: the SDK would ignore `gzip` and send uncompressed.
+const COMPRESSION: Kind = Word(&["none"], false);
+const HEADERS: Kind = Pairs(true);
+const MILLIS: Kind = Number(1, 3_600_000);
+/// A minute is already far beyond any collector's answer.
+const TIMEOUT: Kind = Number(1, 60_000);
+/// At about 1 KiB a span, 64 MiB at most.
+const QUEUE: Kind = Number(1, 65_536);
+
+/// Every OpenTelemetry variable that is not a flag, what its value must be, and its line under
+/// `--help`. One line each: a table.
+#[rustfmt::skip]
+const VARIABLES: &[(&str, Kind, &str)] = &[
+    ("OTEL_TRACES_EXPORTER", Word(&["jaeger", "otlp", "none"], false), "jaeger (UDP agent) | otlp | none [otlp when an OTLP endpoint for spans is set, else jaeger]"),
+    ("OTEL_METRICS_EXPORTER", Word(&["otlp", "prometheus", "none"], true), "otlp | none | prometheus (/metrics only), or a list [otlp when an OTLP endpoint for metrics is set, else none]"),
+    ("OTEL_LOGS_EXPORTER", Word(&["otlp", "none"], false), "otlp | none [otlp when an OTLP endpoint for logs is set, else none]"),
+    ("OTEL_SDK_DISABLED", Word(&["true", "false"], false), "true: export no span, metric or log record (/metrics stays)"),
+    ("OTEL_EXPORTER_OTLP_ENDPOINT", Url, "Collector base URL, for all three signals [http://localhost:4318; grpc: :4317]"),
+    ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", Url, "Full URL for spans, used as is"),
+    ("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT", Url, "Full URL for metrics, used as is"),
+    ("OTEL_EXPORTER_OTLP_LOGS_ENDPOINT", Url, "Full URL for logs, used as is"),
+    ("OTEL_EXPORTER_OTLP_PROTOCOL", PROTOCOL, "http/protobuf (the default) | grpc"),
+    ("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", PROTOCOL, "The same, for spans only"),
+    ("OTEL_EXPORTER_OTLP_METRICS_PROTOCOL", PROTOCOL, "The same, for metrics only"),
+    ("OTEL_EXPORTER_OTLP_LOGS_PROTOCOL", PROTOCOL, "The same, for logs only"),
+    ("OTEL_EXPORTER_OTLP_HEADERS", HEADERS, "key=value,... sent with every export, values percent-encoded"),
+    ("OTEL_EXPORTER_OTLP_TRACES_HEADERS", HEADERS, "The same, for spans only (replaces it)"),
+    ("OTEL_EXPORTER_OTLP_METRICS_HEADERS", HEADERS, "The same, for metrics only"),
+    ("OTEL_EXPORTER_OTLP_LOGS_HEADERS", HEADERS, "The same, for logs only"),
+    ("OTEL_EXPORTER_OTLP_TIMEOUT", TIMEOUT, "Milliseconds one export may take [10000]"),
+    ("OTEL_EXPORTER_OTLP_TRACES_TIMEOUT", TIMEOUT, "The same, for spans only"),
+    ("OTEL_EXPORTER_OTLP_METRICS_TIMEOUT", TIMEOUT, "The same, for metrics only"),
+    ("OTEL_EXPORTER_OTLP_LOGS_TIMEOUT", TIMEOUT, "The same, for logs only"),
+    ("OTEL_EXPORTER_OTLP_COMPRESSION", COMPRESSION, "none, the only value of this build"),
+    ("OTEL_EXPORTER_OTLP_TRACES_COMPRESSION", COMPRESSION, "The same, for spans only"),
+    ("OTEL_EXPORTER_OTLP_METRICS_COMPRESSION", COMPRESSION, "The same, for metrics only"),
+    ("OTEL_EXPORTER_OTLP_LOGS_COMPRESSION", COMPRESSION, "The same, for logs only"),
+    ("OTEL_METRIC_EXPORT_INTERVAL", MILLIS, "Milliseconds between two pushes of every metric [60000]"),
+    ("OTEL_BSP_SCHEDULE_DELAY", MILLIS, "Milliseconds between span batches [5000]"),
+    ("OTEL_BSP_MAX_QUEUE_SIZE", QUEUE, "Spans waiting for export at most; more are dropped [2048]"),
+    ("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", Batch("OTEL_BSP_MAX_QUEUE_SIZE"), "Spans per batch [128 to the agent, 512 over OTLP]"),
+    ("OTEL_BSP_EXPORT_TIMEOUT", TIMEOUT, "Milliseconds one span export may take [5000 to the agent; OTLP: its timeout]"),
+    ("OTEL_BSP_MAX_CONCURRENT_EXPORTS", Number(1, 16), "Span exports at once [1]"),
+    ("OTEL_BLRP_SCHEDULE_DELAY", MILLIS, "Milliseconds between log record batches [1000]"),
+    ("OTEL_BLRP_MAX_QUEUE_SIZE", QUEUE, "Log records waiting at most; more are dropped [2048]"),
+    ("OTEL_BLRP_MAX_EXPORT_BATCH_SIZE", Batch("OTEL_BLRP_MAX_QUEUE_SIZE"), "Log records per batch [512]"),
+    ("OTEL_RESOURCE_ATTRIBUTES", Pairs(false), "key=value,... on every signal's resource, values percent-encoded"),
 ];
 
-/// The values of the SDK's variables (or of their flags) that were set, by variable.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct OtelVariables(BTreeMap<&'static str, String>);
+/// The names of the variables of [`VARIABLES`].
+pub fn variables() -> impl Iterator<Item = &'static str> {
+    VARIABLES.iter().map(|(name, _, _)| *name)
+}
 
-impl OtelVariables {
-    /// The value of `variable`, if it was set.
-    pub fn get(&self, variable: &str) -> Option<String> {
-        self.0.get(variable).cloned()
+/// The section of `--help` that lists the variables of [`VARIABLES`], which have no flags.
+pub fn variables_help() -> String {
+    let mut help = String::from(
+        "OpenTelemetry (environment variables only, checked at start: a value the SDK would \
+         refuse or ignore is an error; the SDK reads them, the host the exporters, protocols, \
+         OTEL_SDK_DISABLED and OTEL_RESOURCE_ATTRIBUTES; no spaces around a number or a URL):\n",
+    );
+    for (name, _, line) in VARIABLES {
+        help.push_str(&format!("  {name}\n          {line}\n"));
+    }
+    help
+}
+
+/// Checks every variable of [`VARIABLES`] that `var` gives, as the SDK will read it; the error
+/// names the variable and never repeats its value (headers hold keys).
+pub fn check(var: Env) -> Result<(), Error> {
+    let general_headers = text(var, "OTEL_EXPORTER_OTLP_HEADERS").is_some();
+    for &(name, kind, _) in VARIABLES {
+        let Some(value) = var(name) else { continue };
+        let reason = match value.to_str() {
+            None => Some("not UTF-8 text".to_string()),
+            // The SDK takes a signal's own headers, even blank, over the general ones, and
+            // spaces for a URL.
+            Some(value)
+                if value.trim().is_empty()
+                    && (kind == HEADERS && general_headers || kind == Url && !value.is_empty()) =>
+            {
+                Some("blank, which the SDK would not take for unset; unset it".into())
+            }
+            Some(value) if value.trim().is_empty() => None,
+            Some(value) => checked(kind, value, var).err(),
+        };
+        if let Some(reason) = reason {
+            return Err(Error::TelemetrySetting {
+                variable: name,
+                reason,
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Why `value` is not what `kind` asks, if it is not.
+fn checked(kind: Kind, value: &str, var: Env) -> Result<(), String> {
+    match kind {
+        Word(words, list) => {
+            let known = |word: &str| words.iter().any(|w| w.eq_ignore_ascii_case(word.trim()));
+            let or_list = if list { ", or a list of them" } else { "" };
+            (value.split(',').all(known) && (list || !value.contains(',')))
+                .then_some(())
+                .ok_or_else(|| format!("expected {}{or_list}", words.join(" | ")))
+        }
+        Number(low, high) => match value.parse::<u64>() {
+            Ok(number) if (low..=high).contains(&number) => Ok(()),
+            _ => Err(format!("expected a whole number from {low} to {high}")),
+        },
+        Batch(queue) => match checked(QUEUE, value, var).map(|()| value.parse::<u64>()) {
+            Ok(Ok(size)) if size > number(var, queue).unwrap_or(2048) => {
+                Err(format!("larger than {queue}"))
+            }
+            other => other.map(drop),
+        },
+        Url => checked_url(value),
+        Pairs(headers) => key_value_list(value, headers).map(drop),
     }
 }
 
-/// `--otel-traces-exporter` for `OTEL_TRACES_EXPORTER`.
-fn flag_of(variable: &str) -> String {
-    variable.to_ascii_lowercase().replace('_', "-")
-}
-
-impl FromArgMatches for OtelVariables {
-    fn from_arg_matches(matches: &ArgMatches) -> Result<Self, clap::Error> {
-        let set = OTEL_VARIABLES.iter().filter_map(|(variable, _)| {
-            let value = matches.get_one::<String>(variable)?;
-            Some((*variable, value.clone()))
-        });
-        Ok(OtelVariables(set.collect()))
+/// Why `url` is not an `http://` URL with a host. `https://` is refused at start rather than
+/// failing at every export: this build carries no TLS stack.
+fn checked_url(url: &str) -> Result<(), String> {
+    let parsed: http::Uri = url
+        .parse()
+        .map_err(|_| "not a URL (expected http://host:port)")?;
+    if parsed
+        .authority()
+        .is_some_and(|at| at.as_str().contains('@'))
+    {
+        return Err("credentials in the URL are not supported; send them as headers".into());
     }
-
-    fn update_from_arg_matches(&mut self, matches: &ArgMatches) -> Result<(), clap::Error> {
-        *self = OtelVariables::from_arg_matches(matches)?;
-        Ok(())
-    }
-}
-
-impl Args for OtelVariables {
-    fn augment_args(command: Command) -> Command {
-        let command = command.next_help_heading("OpenTelemetry SDK");
-        OTEL_VARIABLES
-            .iter()
-            .fold(command, |command, (variable, help)| {
-                command.arg(
-                    Arg::new(*variable)
-                        .long(flag_of(variable))
-                        .env(*variable)
-                        // Headers and resource attributes may hold keys: no value is shown.
-                        .hide_env_values(true)
-                        .value_name("VALUE")
-                        .help(*help),
-                )
-            })
-    }
-
-    fn augment_args_for_update(command: Command) -> Command {
-        OtelVariables::augment_args(command)
+    match parsed.scheme_str() {
+        Some("http") if parsed.host().is_some_and(|host| !host.is_empty()) => Ok(()),
+        Some("https") => Err("https is not supported by this build (no TLS); use http://".into()),
+        _ => Err("expected an http:// URL with a host".into()),
     }
 }
 
-/// The collector's address over HTTP unless told otherwise.
-pub const DEFAULT_HTTP_ENDPOINT: &str = "http://localhost:4318";
-/// The collector's address over gRPC unless told otherwise.
-pub const DEFAULT_GRPC_ENDPOINT: &str = "http://localhost:4317";
-/// What one export may take unless `OTEL_EXPORTER_OTLP_TIMEOUT` says otherwise (the SDK's 10 s).
-pub const DEFAULT_OTLP_TIMEOUT: Duration = Duration::from_secs(10);
-/// The default time between two pushes of the metrics (the SDK specification's minute).
-pub const DEFAULT_METRIC_EXPORT_INTERVAL: Duration = Duration::from_secs(60);
-/// Longest accepted export timeout: a minute is already far beyond any collector's answer.
-const MAX_OTLP_TIMEOUT_MS: u64 = 60_000;
-/// The largest span queue accepted: at about 1 KiB a span, 64 MiB at most.
-const MAX_QUEUE_SIZE: u64 = 65_536;
-/// Most `key=value` pairs in a list variable, and the longest such variable: they travel with
-/// every export.
+/// A W3C-baggage-like list, `key=value,key=value`, values percent-decoded, spaces around items
+/// trimmed, as the SDK splits headers. With `headers`, each pair must be one the SDK sends (it
+/// drops any other without a word). The error never repeats the text: it may hold a secret.
+fn key_value_list(list: &str, headers: bool) -> Result<Vec<(String, String)>, String> {
+    if list.len() > MAX_LIST_BYTES {
+        return Err("longer than 8 KiB".into());
+    }
+    let mut pairs = Vec::new();
+    for item in list
+        .split(',')
+        .map(str::trim)
+        .filter(|item| !item.is_empty())
+    {
+        let (key, value) = item
+            .split_once('=')
+            .ok_or("expected key=value pairs separated by commas")?;
+        let (key, value) = (key.trim(), value.trim());
+        if key.is_empty() {
+            return Err("a key is empty".into());
+        }
+        // The SDK would send a `%` that starts no escape as it is: never what was meant.
+        let hex = |after: &str| {
+            after
+                .get(..2)
+                .is_some_and(|hex| hex.bytes().all(|b| b.is_ascii_hexdigit()))
+        };
+        if !value.split('%').skip(1).all(hex) {
+            return Err(
+                "a `%` starts no escape of two hex digits (write a literal % as %25)".into(),
+            );
+        }
+        let value = percent_encoding::percent_decode_str(value)
+            .decode_utf8()
+            .map_err(|_| "a value is not UTF-8 once percent-decoded")?;
+        if headers && (value.is_empty() || http::HeaderValue::from_str(&value).is_err()) {
+            return Err("a header value is empty or not valid in HTTP".into());
+        }
+        if headers && http::HeaderName::from_bytes(key.as_bytes()).is_err() {
+            return Err("a header name is not a valid HTTP name".into());
+        }
+        if headers && key.to_ascii_lowercase().ends_with("-bin") {
+            return Err("binary (`-bin`) headers are not supported".into());
+        }
+        pairs.push((key.to_string(), value.into_owned()));
+        if pairs.len() > MAX_PAIRS {
+            return Err("more than 64 pairs".into());
+        }
+    }
+    Ok(pairs)
+}
+
+/// Most `key=value` pairs in a list, and the longest list: they travel with every export.
 const MAX_PAIRS: usize = 64;
 const MAX_LIST_BYTES: usize = 8 * 1024;
+
+/// `name`'s value trimmed, unless unset, empty or not text (which [`check`] refuses).
+fn text(var: Env, name: &str) -> Option<String> {
+    let value = var(name)?.into_string().ok()?;
+    Some(value.trim().to_string()).filter(|value| !value.is_empty())
+}
+
+/// `name`'s value lower-cased: the words the host reads are compared without case.
+fn word(var: Env, name: &str) -> Option<String> {
+    text(var, name).map(|value| value.to_ascii_lowercase())
+}
+
+/// `name`'s value as a number, once [`check`] has seen it.
+fn number(var: Env, name: &str) -> Option<u64> {
+    text(var, name)?.parse().ok()
+}
 
 /// Where the host's spans go.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -281,19 +302,14 @@ pub enum SpanExport {
 }
 
 impl SpanExport {
-    /// The exporter's name and where it sends, for the start-up line (never the headers, which
-    /// may hold keys).
+    /// The exporter's name and where it sends, for the start-up line.
     pub fn describe(&self) -> (&'static str, String) {
         match self {
             SpanExport::Off => ("none", String::new()),
-            SpanExport::JaegerAgent { host, port } => {
-                let host = if host.contains(':') {
-                    format!("[{host}]")
-                } else {
-                    host.clone()
-                };
-                ("jaeger", format!("udp://{host}:{port}"))
+            SpanExport::JaegerAgent { host, port } if host.contains(':') => {
+                ("jaeger", format!("udp://[{host}]:{port}"))
             }
+            SpanExport::JaegerAgent { host, port } => ("jaeger", format!("udp://{host}:{port}")),
             SpanExport::Otlp(settings) => match settings.protocol {
                 OtlpProtocol::HttpProtobuf => ("otlp/http", settings.endpoint.clone()),
                 OtlpProtocol::Grpc => ("otlp/grpc", settings.endpoint.clone()),
@@ -313,38 +329,32 @@ pub struct TelemetrySettings {
     pub service_name: String,
     /// The exporter and its destination.
     pub export: SpanExport,
-    /// How spans are queued and batched on their way out.
-    pub batch: BatchSettings,
+    /// `OTEL_BSP_MAX_EXPORT_BATCH_SIZE`: unset, the host's default to the agent is not the SDK's.
+    pub span_batch_size: Option<usize>,
+    /// `OTEL_BSP_EXPORT_TIMEOUT`: unset, the host's default is not the SDK's either.
+    pub span_export_timeout: Option<Duration>,
     /// Where the metrics are pushed, besides `/metrics`, if anywhere.
     pub metric_export: Option<OtlpSettings>,
-    /// Time between two pushes of the metrics.
+    /// Time between two pushes of the metrics: the host reads the stored users' count before
+    /// each.
     pub metric_interval: Duration,
     /// Where log lines go as OTLP log records, besides stdout and the log file, if anywhere.
     pub log_export: Option<OtlpSettings>,
-    /// How log records are queued and batched on their way out.
-    pub log_batch: LogBatchSettings,
-    /// `OTEL_RESOURCE_ATTRIBUTES`, on the resource of every span.
+    /// `OTEL_RESOURCE_ATTRIBUTES`, decoded: the SDK's own reading leaves `%20` as it is.
     pub resource_attributes: Vec<(String, String)>,
 }
 
 impl TelemetryArgs {
-    /// The settings these values make: flags and variables, then the defaults. An empty value
-    /// counts as unset, as the SDKs treat their variables; a bad one is an error naming it.
-    pub fn settings(&self) -> Result<TelemetrySettings, Error> {
-        let var = |name: &str| self.otel.get(name);
-        let text = |setting: &Option<String>, default: &str| {
-            setting
-                .clone()
-                .filter(|value| !value.is_empty())
-                .unwrap_or_else(|| default.to_string())
+    /// The settings these flags and the variables `var` gives make, once every variable of
+    /// [`VARIABLES`] is checked. An empty value counts as unset.
+    pub fn settings(&self, var: Env) -> Result<TelemetrySettings, Error> {
+        check(var)?;
+        let unless_empty = |setting: &Option<String>, default: &str| {
+            let setting = setting.clone().filter(|value| !value.is_empty());
+            setting.unwrap_or_else(|| default.to_string())
         };
-        let jaeger_agent = (
-            text(&self.jaeger_agent_host, DEFAULT_JAEGER_AGENT_HOST),
-            self.jaeger_agent_port
-                .and_then(|MaybePort(port)| port)
-                .unwrap_or(DEFAULT_JAEGER_AGENT_PORT),
-        );
-        let resource_attributes = resource_attributes(&var)?;
+        let attributes = text(var, "OTEL_RESOURCE_ATTRIBUTES").unwrap_or_default();
+        let resource_attributes = key_value_list(&attributes, false).unwrap_or_default();
         // `OTEL_SERVICE_NAME` wins over a `service.name` in `OTEL_RESOURCE_ATTRIBUTES`, which
         // wins over the default, as the SDK specification orders them.
         let named_in_attributes = resource_attributes
@@ -352,20 +362,39 @@ impl TelemetryArgs {
             .rev()
             .find(|(key, value)| key == "service.name" && !value.is_empty())
             .map(|(_, value)| value.as_str());
+        let disabled = word(var, "OTEL_SDK_DISABLED").as_deref() == Some("true");
+        let export = match exporter(var, TRACES, "jaeger").as_str() {
+            _ if disabled => SpanExport::Off,
+            "jaeger" => SpanExport::JaegerAgent {
+                host: unless_empty(&self.jaeger_agent_host, DEFAULT_JAEGER_AGENT_HOST),
+                port: (self.jaeger_agent_port.and_then(|MaybePort(port)| port))
+                    .unwrap_or(DEFAULT_JAEGER_AGENT_PORT),
+            },
+            "otlp" => SpanExport::Otlp(otlp_settings(var, TRACES)),
+            _ => SpanExport::Off,
+        };
+        // Metrics may name two, as `otlp,prometheus`: `/metrics` serves Prometheus always.
+        let pushed = |signal: Signal| {
+            let named = exporter(var, signal, "none");
+            let otlp = named.split(',').any(|name| name.trim() == "otlp");
+            (otlp && !disabled).then(|| otlp_settings(var, signal))
+        };
         Ok(TelemetrySettings {
             log_file: self.log_file.clone(),
-            log_filter: text(&self.log_filter, DEFAULT_LOG_FILTER),
-            service_name: text(
+            log_filter: unless_empty(&self.log_filter, DEFAULT_LOG_FILTER),
+            service_name: unless_empty(
                 &self.service_name,
                 named_in_attributes.unwrap_or(DEFAULT_SERVICE_NAME),
             ),
-            export: span_export(&var, jaeger_agent)?,
-            batch: batch_settings(&var)?,
-            metric_export: otlp_export(&var, &METRICS)?,
-            metric_interval: millis(&var, METRIC_EXPORT_INTERVAL, 1..=3_600_000)?
-                .map_or(DEFAULT_METRIC_EXPORT_INTERVAL, Duration::from_millis),
-            log_export: otlp_export(&var, &LOGS)?,
-            log_batch: log_batch_settings(&var)?,
+            export,
+            span_batch_size: number(var, "OTEL_BSP_MAX_EXPORT_BATCH_SIZE").map(|n| n as usize),
+            span_export_timeout: number(var, "OTEL_BSP_EXPORT_TIMEOUT").map(Duration::from_millis),
+            metric_export: pushed(METRICS),
+            // The SDK specification's minute unless set.
+            metric_interval: Duration::from_millis(
+                number(var, "OTEL_METRIC_EXPORT_INTERVAL").unwrap_or(60_000),
+            ),
+            log_export: pushed(LOGS),
             resource_attributes,
         })
     }
@@ -376,38 +405,22 @@ impl TelemetryArgs {
 pub struct MaybePort(pub Option<u16>);
 
 fn optional_port(value: &str) -> Result<MaybePort, String> {
-    if value.is_empty() {
-        return Ok(MaybePort(None));
-    }
     match value.parse::<u16>() {
+        _ if value.is_empty() => Ok(MaybePort(None)),
         Ok(port) if port > 0 => Ok(MaybePort(Some(port))),
         _ => Err("expected a port, 1 to 65535".to_string()),
     }
 }
 
-/// How spans reach an OTLP collector.
-#[derive(Clone, PartialEq, Eq)]
+/// What the host needs to know of a signal's OTLP export; the SDK reads the rest itself.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct OtlpSettings {
-    /// HTTP with protobuf bodies, or gRPC.
+    /// HTTP with protobuf bodies, or gRPC: the SDK leaves the transport to its caller.
     pub protocol: OtlpProtocol,
-    /// The URL exports go to: over HTTP the full path (`.../v1/traces`), over gRPC the server.
+    /// The URL exports go to, as the SDK resolves it, for the start-up line.
     pub endpoint: String,
-    /// Sent with every export; they often hold an API key, so `Debug` leaves their values out.
-    pub headers: Vec<(String, String)>,
-    /// The longest one export may take; a slower collector loses that batch.
+    /// The longest one export may take: the SDK bounds only its own HTTP clients' sends.
     pub timeout: Duration,
-}
-
-impl std::fmt::Debug for OtlpSettings {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let header_names: Vec<&str> = self.headers.iter().map(|(name, _)| name.as_str()).collect();
-        f.debug_struct("OtlpSettings")
-            .field("protocol", &self.protocol)
-            .field("endpoint", &self.endpoint)
-            .field("header_names", &header_names)
-            .field("timeout", &self.timeout)
-            .finish()
-    }
 }
 
 /// OTLP's two transports.
@@ -419,432 +432,52 @@ pub enum OtlpProtocol {
     Grpc,
 }
 
-/// The batch span processor's settings, checked: the SDK would panic on a zero delay or queue.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct BatchSettings {
-    /// Time between two batches.
-    pub schedule_delay: Duration,
-    /// Spans waiting at most; a span beyond is dropped, never waited for.
-    pub max_queue_size: usize,
-    /// Spans per export, when set; else the exporter's own default.
-    pub max_export_batch_size: Option<usize>,
-    /// The longest one export may take, when set; else the exporter's own default.
-    pub export_timeout: Option<Duration>,
-    /// Exports in flight at once.
-    pub max_concurrent_exports: usize,
-}
+/// A signal: its exporter's variable, its name in its own `OTEL_EXPORTER_OTLP_*` variables, and
+/// the path OTLP/HTTP appends to a base endpoint for it.
+#[derive(Clone, Copy)]
+struct Signal(&'static str, &'static str, &'static str);
 
-/// A whole number from `variable` within `range`, if set.
-fn millis(
-    var: &impl Fn(&str) -> Option<String>,
-    variable: &'static str,
-    range: std::ops::RangeInclusive<u64>,
-) -> Result<Option<u64>, Error> {
-    match var(variable)
-        .map(|value| value.trim().to_string())
-        .filter(|value| !value.is_empty())
-    {
-        None => Ok(None),
-        Some(text) => text
-            .parse::<u64>()
-            .ok()
-            .filter(|value| range.contains(value))
-            .map(Some)
-            .ok_or_else(|| {
-                bad(
-                    variable,
-                    &format!(
-                        "expected a whole number from {} to {}",
-                        range.start(),
-                        range.end()
-                    ),
-                )
-            }),
-    }
-}
-
-/// The batch processor's variables (`OTEL_BSP_*`), within bounds that keep the queue bounded.
-pub fn batch_settings(var: &impl Fn(&str) -> Option<String>) -> Result<BatchSettings, Error> {
-    let number = |name: &'static str, range| millis(var, name, range);
-    let max_queue_size = number(BSP_MAX_QUEUE_SIZE, 1..=MAX_QUEUE_SIZE)?.unwrap_or(2048) as usize;
-    let max_export_batch_size =
-        number(BSP_MAX_EXPORT_BATCH_SIZE, 1..=MAX_QUEUE_SIZE)?.map(|size| size as usize);
-    if max_export_batch_size.is_some_and(|batch| batch > max_queue_size) {
-        return Err(bad(
-            BSP_MAX_EXPORT_BATCH_SIZE,
-            "larger than OTEL_BSP_MAX_QUEUE_SIZE",
-        ));
-    }
-    Ok(BatchSettings {
-        schedule_delay: Duration::from_millis(
-            number(BSP_SCHEDULE_DELAY, 1..=3_600_000)?.unwrap_or(5000),
-        ),
-        max_queue_size,
-        max_export_batch_size,
-        export_timeout: number(BSP_EXPORT_TIMEOUT, 1..=MAX_OTLP_TIMEOUT_MS)?
-            .map(Duration::from_millis),
-        max_concurrent_exports: number(BSP_MAX_CONCURRENT_EXPORTS, 1..=16)?.unwrap_or(1) as usize,
-    })
-}
-
-/// The log record processor's settings, checked as the span processor's are.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct LogBatchSettings {
-    /// Time between two batches.
-    pub schedule_delay: Duration,
-    /// Records waiting at most; a record beyond is dropped, never waited for.
-    pub max_queue_size: usize,
-    /// Records per export.
-    pub max_export_batch_size: usize,
-}
-
-/// The log record processor's variables (`OTEL_BLRP_*`).
-pub fn log_batch_settings(
-    var: &impl Fn(&str) -> Option<String>,
-) -> Result<LogBatchSettings, Error> {
-    let number = |name: &'static str, range| millis(var, name, range);
-    let max_queue_size = number(BLRP_MAX_QUEUE_SIZE, 1..=MAX_QUEUE_SIZE)?.unwrap_or(2048) as usize;
-    let max_export_batch_size =
-        number(BLRP_MAX_EXPORT_BATCH_SIZE, 1..=MAX_QUEUE_SIZE)?.map_or(512, |size| size as usize);
-    if max_export_batch_size > max_queue_size {
-        return Err(bad(
-            BLRP_MAX_EXPORT_BATCH_SIZE,
-            "larger than OTEL_BLRP_MAX_QUEUE_SIZE",
-        ));
-    }
-    Ok(LogBatchSettings {
-        schedule_delay: Duration::from_millis(
-            number(BLRP_SCHEDULE_DELAY, 1..=3_600_000)?.unwrap_or(1000),
-        ),
-        max_queue_size,
-        max_export_batch_size,
-    })
-}
-
-/// One signal's OTLP variables: its exporter, its own endpoint and transport settings, and the
-/// path OTLP/HTTP appends to a base endpoint for it.
-pub struct Signal {
-    exporter: &'static str,
-    endpoint: &'static str,
-    protocol: &'static str,
-    headers: &'static str,
-    timeout: &'static str,
-    compression: &'static str,
-    http_path: &'static str,
-}
-
-/// Spans' variables.
-pub const TRACES: Signal = Signal {
-    exporter: TRACES_EXPORTER,
-    endpoint: OTLP_TRACES_ENDPOINT,
-    protocol: OTLP_TRACES_PROTOCOL,
-    headers: OTLP_TRACES_HEADERS,
-    timeout: OTLP_TRACES_TIMEOUT,
-    compression: OTLP_TRACES_COMPRESSION,
-    http_path: "v1/traces",
-};
-/// Metrics' variables.
-pub const METRICS: Signal = Signal {
-    exporter: METRICS_EXPORTER,
-    endpoint: OTLP_METRICS_ENDPOINT,
-    protocol: OTLP_METRICS_PROTOCOL,
-    headers: OTLP_METRICS_HEADERS,
-    timeout: OTLP_METRICS_TIMEOUT,
-    compression: OTLP_METRICS_COMPRESSION,
-    http_path: "v1/metrics",
-};
-/// Logs' variables.
-pub const LOGS: Signal = Signal {
-    exporter: LOGS_EXPORTER,
-    endpoint: OTLP_LOGS_ENDPOINT,
-    protocol: OTLP_LOGS_PROTOCOL,
-    headers: OTLP_LOGS_HEADERS,
-    timeout: OTLP_LOGS_TIMEOUT,
-    compression: OTLP_LOGS_COMPRESSION,
-    http_path: "v1/logs",
-};
-
-/// Whether `OTEL_SDK_DISABLED` turns every export off.
-fn sdk_disabled(read: &impl Fn(&str) -> Option<String>) -> Result<bool, Error> {
-    match read(SDK_DISABLED).map(|value| value.to_ascii_lowercase()) {
-        None => Ok(false),
-        Some(value) if value == "true" => Ok(true),
-        Some(value) if value == "false" => Ok(false),
-        Some(_) => Err(bad(SDK_DISABLED, "expected `true` or `false`")),
-    }
-}
+const TRACES: Signal = Signal("OTEL_TRACES_EXPORTER", "TRACES", "v1/traces");
+const METRICS: Signal = Signal("OTEL_METRICS_EXPORTER", "METRICS", "v1/metrics");
+const LOGS: Signal = Signal("OTEL_LOGS_EXPORTER", "LOGS", "v1/logs");
 
 /// The exporter `signal`'s variable names, lower-cased; unset, `otlp` when an OTLP endpoint for
 /// the signal is set (Spin's rule: set the endpoint and everything flows), else `default`.
-fn exporter_named(
-    read: &impl Fn(&str) -> Option<String>,
-    signal: &Signal,
-    default: &str,
-) -> String {
-    match read(signal.exporter) {
-        Some(value) => value.to_ascii_lowercase(),
-        None if read(signal.endpoint).is_some() || read(OTLP_ENDPOINT).is_some() => {
-            "otlp".to_string()
-        }
-        None => default.to_string(),
-    }
+fn exporter(var: Env, signal: Signal, default: &str) -> String {
+    let endpoint = otlp_variable(var, signal, "ENDPOINT");
+    word(var, signal.0)
+        .unwrap_or_else(|| if endpoint.is_some() { "otlp" } else { default }.to_string())
 }
 
-/// Where `signal` (metrics or logs) is pushed over OTLP, if anywhere.
-pub fn otlp_export(
-    var: &impl Fn(&str) -> Option<String>,
-    signal: &Signal,
-) -> Result<Option<OtlpSettings>, Error> {
-    let read = |name: &str| {
-        var(name)
-            .map(|value| value.trim().to_string())
-            .filter(|value| !value.is_empty())
-    };
-    let disabled = sdk_disabled(&read)?;
-    let otlp = otlp_settings(&read, signal)?;
-    let named = exporter_named(&read, signal, "none");
-    let mut export = None;
-    // Metrics may name two, as `otlp,prometheus`: `/metrics` serves Prometheus always.
-    let names: Vec<&str> = if signal.exporter == METRICS_EXPORTER {
-        named.split(',').map(str::trim).collect()
-    } else {
-        vec![named.as_str()]
-    };
-    for name in names {
-        match name {
-            "otlp" => export = Some(otlp.clone()),
-            "none" => {}
-            "prometheus" if signal.exporter == METRICS_EXPORTER => {}
-            _ if signal.exporter == METRICS_EXPORTER => {
-                return Err(bad(
-                    signal.exporter,
-                    "expected `otlp`, `prometheus`, `none`, or a list of them",
-                ));
-            }
-            other if other.contains(',') => {
-                return Err(bad(
-                    signal.exporter,
-                    "expected one exporter (`otlp` or `none`), not a list",
-                ));
-            }
-            _ => return Err(bad(signal.exporter, "expected `otlp` or `none`")),
-        }
-    }
-    Ok(export.filter(|_| !disabled))
+/// The signal's own `OTEL_EXPORTER_OTLP_<SIGNAL>_<WHAT>`, else the general one.
+fn otlp_variable(var: Env, Signal(_, signal, _): Signal, what: &str) -> Option<String> {
+    text(var, &format!("OTEL_EXPORTER_OTLP_{signal}_{what}"))
+        .or_else(|| text(var, &format!("OTEL_EXPORTER_OTLP_{what}")))
 }
 
-/// The span export the variables ask for. `jaeger_agent` is where the `jaeger` exporter sends
-/// (its own settings are [`TelemetryArgs`]' flags).
-pub fn span_export(
-    var: &impl Fn(&str) -> Option<String>,
-    jaeger_agent: (String, u16),
-) -> Result<SpanExport, Error> {
-    let read = |name: &str| {
-        var(name)
-            .map(|value| value.trim().to_string())
-            .filter(|value| !value.is_empty())
+/// `signal`'s transport, endpoint and timeout, as the SDK resolves them.
+fn otlp_settings(var: Env, signal: Signal) -> OtlpSettings {
+    let protocol = match otlp_variable(var, signal, "PROTOCOL") {
+        Some(protocol) if protocol.eq_ignore_ascii_case("grpc") => OtlpProtocol::Grpc,
+        _ => OtlpProtocol::HttpProtobuf,
     };
-    // Every variable is checked, the ones the chosen exporter ignores too: a typo in a setting
-    // meant for later should not wait until then to show.
-    let disabled = sdk_disabled(&read)?;
-    let otlp = otlp_settings(&read, &TRACES)?;
-    let export = match exporter_named(&read, &TRACES, "jaeger").as_str() {
-        "jaeger" => {
-            let (host, port) = jaeger_agent;
-            SpanExport::JaegerAgent { host, port }
-        }
-        "none" => SpanExport::Off,
-        "otlp" => SpanExport::Otlp(otlp),
-        other if other.contains(',') => {
-            return Err(bad(
-                TRACES_EXPORTER,
-                "expected one exporter (`jaeger`, `otlp` or `none`), not a list",
-            ));
-        }
-        _ => return Err(bad(TRACES_EXPORTER, "expected `jaeger`, `otlp` or `none`")),
-    };
-    Ok(if disabled { SpanExport::Off } else { export })
-}
-
-/// `OTEL_RESOURCE_ATTRIBUTES` as `(key, value)` pairs, values percent-decoded.
-pub fn resource_attributes(
-    var: &impl Fn(&str) -> Option<String>,
-) -> Result<Vec<(String, String)>, Error> {
-    match var(RESOURCE_ATTRIBUTES).filter(|value| !value.trim().is_empty()) {
-        None => Ok(Vec::new()),
-        Some(list) => key_value_list(RESOURCE_ATTRIBUTES, &list),
-    }
-}
-
-fn otlp_settings(
-    read: &impl Fn(&str) -> Option<String>,
-    signal: &Signal,
-) -> Result<OtlpSettings, Error> {
-    // The signal's own variable wins over the general one.
-    let either = |specific: &'static str, general: &'static str| {
-        read(specific)
-            .map(|value| (specific, value))
-            .or_else(|| read(general).map(|value| (general, value)))
-    };
-    let protocol = match either(signal.protocol, OTLP_PROTOCOL) {
-        None => OtlpProtocol::HttpProtobuf,
-        Some((variable, value)) => match value.to_ascii_lowercase().as_str() {
-            "http/protobuf" => OtlpProtocol::HttpProtobuf,
-            "grpc" => OtlpProtocol::Grpc,
-            "http/json" => {
-                return Err(bad(
-                    variable,
-                    "`http/json` is not supported; use `http/protobuf` or `grpc`",
-                ));
-            }
-            _ => return Err(bad(variable, "expected `http/protobuf` or `grpc`")),
-        },
-    };
-    if let Some((variable, value)) = either(signal.compression, OTLP_COMPRESSION)
-        && !value.eq_ignore_ascii_case("none")
-    {
-        return Err(bad(
-            variable,
-            "only `none` is supported (no gzip in this build)",
-        ));
-    }
-    let endpoint = match (read(signal.endpoint), read(OTLP_ENDPOINT)) {
-        (Some(own), _) => checked_url(signal.endpoint, own)?,
-        (None, Some(base)) => with_path(protocol, checked_url(OTLP_ENDPOINT, base)?, signal),
-        (None, None) => match protocol {
-            OtlpProtocol::HttpProtobuf => {
-                with_path(protocol, DEFAULT_HTTP_ENDPOINT.to_string(), signal)
-            }
-            OtlpProtocol::Grpc => DEFAULT_GRPC_ENDPOINT.to_string(),
-        },
-    };
-    let headers = match either(signal.headers, OTLP_HEADERS) {
-        None => Vec::new(),
-        Some((variable, list)) => {
-            let headers = key_value_list(variable, &list)?;
-            for (name, value) in &headers {
-                // Neither is echoed: a header value is often a secret.
-                http::HeaderName::from_bytes(name.as_bytes())
-                    .map_err(|_| bad(variable, "a header name is not a valid HTTP name"))?;
-                http::HeaderValue::from_str(value)
-                    .map_err(|_| bad(variable, "a header value is not valid in HTTP"))?;
-                if name.to_ascii_lowercase().ends_with("-bin") {
-                    return Err(bad(variable, "binary (`-bin`) headers are not supported"));
-                }
-            }
-            headers
+    let own = text(var, &format!("OTEL_EXPORTER_OTLP_{}_ENDPOINT", signal.1));
+    let base = text(var, "OTEL_EXPORTER_OTLP_ENDPOINT");
+    let endpoint = match (own, protocol) {
+        (Some(own), _) => own,
+        // gRPC's path is the service's, never the endpoint's.
+        (None, OtlpProtocol::Grpc) => base.unwrap_or_else(|| "http://localhost:4317".into()),
+        (None, OtlpProtocol::HttpProtobuf) => {
+            let base = base.unwrap_or_else(|| "http://localhost:4318".into());
+            format!("{}/{}", base.strip_suffix('/').unwrap_or(&base), signal.2)
         }
     };
-    let timeout = match either(signal.timeout, OTLP_TIMEOUT) {
-        None => DEFAULT_OTLP_TIMEOUT,
-        Some((variable, millis)) => match millis.parse::<u64>() {
-            Ok(millis) if (1..=MAX_OTLP_TIMEOUT_MS).contains(&millis) => {
-                Duration::from_millis(millis)
-            }
-            _ => return Err(bad(variable, "expected milliseconds, from 1 to 60000")),
-        },
-    };
-    Ok(OtlpSettings {
+    // The SDK's ten seconds unless set.
+    let timeout = otlp_variable(var, signal, "TIMEOUT").and_then(|millis| millis.parse().ok());
+    OtlpSettings {
         protocol,
         endpoint,
-        headers,
-        timeout,
-    })
-}
-
-/// `url` if it is an `http://` URL with a host. `https://` is refused at start rather than
-/// failing at every export: this build carries no TLS stack.
-fn checked_url(variable: &'static str, url: String) -> Result<String, Error> {
-    let parsed: http::Uri = url
-        .parse()
-        .map_err(|_| bad(variable, "not a URL (expected http://host:port)"))?;
-    if parsed
-        .authority()
-        .is_some_and(|authority| authority.as_str().contains('@'))
-    {
-        return Err(bad(
-            variable,
-            "credentials in the URL are not supported; send them in OTEL_EXPORTER_OTLP_HEADERS",
-        ));
-    }
-    match parsed.scheme_str() {
-        Some("http") if parsed.host().is_some_and(|host| !host.is_empty()) => Ok(url),
-        Some("https") => Err(bad(
-            variable,
-            "https is not supported by this build (no TLS); send to a collector over http://",
-        )),
-        _ => Err(bad(variable, "expected an http:// URL with a host")),
-    }
-}
-
-/// A base endpoint made the signal's URL: over HTTP, `/v1/traces` (`/v1/metrics`, `/v1/logs`)
-/// after its path, as the OTLP exporter specification says; over gRPC the service path is
-/// fixed, so the URL is kept.
-fn with_path(protocol: OtlpProtocol, base: String, signal: &Signal) -> String {
-    let path = signal.http_path;
-    match protocol {
-        OtlpProtocol::Grpc => base,
-        OtlpProtocol::HttpProtobuf if base.ends_with('/') => format!("{base}{path}"),
-        OtlpProtocol::HttpProtobuf => format!("{base}/{path}"),
-    }
-}
-
-/// A W3C-baggage-like list, `key=value,key=value`, values percent-decoded, spaces around items
-/// trimmed. The error never repeats the text: it may hold a secret.
-fn key_value_list(variable: &'static str, list: &str) -> Result<Vec<(String, String)>, Error> {
-    if list.len() > MAX_LIST_BYTES {
-        return Err(bad(variable, "longer than 8 KiB"));
-    }
-    let mut pairs = Vec::new();
-    for item in list
-        .split(',')
-        .map(str::trim)
-        .filter(|item| !item.is_empty())
-    {
-        let Some((key, value)) = item.split_once('=') else {
-            return Err(bad(
-                variable,
-                "expected key=value pairs separated by commas",
-            ));
-        };
-        let key = key.trim();
-        if key.is_empty() {
-            return Err(bad(variable, "a key is empty"));
-        }
-        let value = value.trim();
-        if !is_percent_encoded(value) {
-            return Err(bad(
-                variable,
-                "a value has a `%` not followed by two hex digits (write a literal % as %25)",
-            ));
-        }
-        let value = percent_encoding::percent_decode_str(value)
-            .decode_utf8()
-            .map_err(|_| bad(variable, "a value is not UTF-8 once percent-decoded"))?;
-        pairs.push((key.to_string(), value.into_owned()));
-        if pairs.len() > MAX_PAIRS {
-            return Err(bad(variable, "more than 64 pairs"));
-        }
-    }
-    Ok(pairs)
-}
-
-/// Whether every `%` in `value` starts an escape of two hex digits: a lone one would be sent
-/// as it is, which is never what was meant.
-fn is_percent_encoded(value: &str) -> bool {
-    let bytes = value.as_bytes();
-    bytes.iter().enumerate().all(|(index, &byte)| {
-        byte != b'%'
-            || bytes
-                .get(index + 1..index + 3)
-                .is_some_and(|hex| hex.iter().all(u8::is_ascii_hexdigit))
-    })
-}
-
-fn bad(variable: &'static str, reason: &str) -> Error {
-    Error::TelemetrySetting {
-        variable,
-        reason: reason.to_string(),
+        timeout: Duration::from_millis(timeout.unwrap_or(10_000)),
     }
 }
 
@@ -852,7 +485,17 @@ fn bad(variable: &'static str, reason: &str) -> Error {
 mod tests {
     use super::*;
 
-    fn vars(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
+    fn args() -> TelemetryArgs {
+        TelemetryArgs {
+            log_file: PathBuf::from(DEFAULT_LOG_FILE),
+            log_filter: None,
+            service_name: None,
+            jaeger_agent_host: Some("agent".to_string()),
+            jaeger_agent_port: None,
+        }
+    }
+
+    fn env(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<OsString> + use<> {
         let pairs: Vec<(String, String)> = pairs
             .iter()
             .map(|(name, value)| (name.to_string(), value.to_string()))
@@ -861,35 +504,32 @@ mod tests {
             pairs
                 .iter()
                 .find(|(key, _)| key == name)
-                .map(|(_, value)| value.clone())
+                .map(|(_, value)| OsString::from(value))
         }
     }
 
-    fn agent() -> (String, u16) {
-        ("agent".to_string(), 6831)
+    fn settings(pairs: &[(&str, &str)]) -> TelemetrySettings {
+        args().settings(&env(pairs)).unwrap()
+    }
+
+    fn refused(pairs: &[(&str, &str)]) -> String {
+        args().settings(&env(pairs)).unwrap_err().to_string()
     }
 
     fn otlp(pairs: &[(&str, &str)]) -> OtlpSettings {
-        let mut all = vec![(TRACES_EXPORTER, "otlp")];
+        let mut all = vec![("OTEL_TRACES_EXPORTER", "otlp")];
         all.extend_from_slice(pairs);
-        match span_export(&vars(&all), agent()).unwrap() {
+        match settings(&all).export {
             SpanExport::Otlp(settings) => settings,
             other => panic!("expected OTLP, got {other:?}"),
         }
     }
 
-    fn refused(pairs: &[(&str, &str)]) -> String {
-        span_export(&vars(pairs), agent())
-            .and_then(|_| resource_attributes(&vars(pairs)).map(|_| ()))
-            .unwrap_err()
-            .to_string()
-    }
-
     #[test]
     fn the_jaeger_agent_is_the_default_exporter() {
-        for unset in [&[][..], &[(TRACES_EXPORTER, "")][..]] {
+        for unset in [&[][..], &[("OTEL_TRACES_EXPORTER", "")][..]] {
             assert_eq!(
-                span_export(&vars(unset), agent()).unwrap(),
+                settings(unset).export,
                 SpanExport::JaegerAgent {
                     host: "agent".to_string(),
                     port: 6831
@@ -901,18 +541,20 @@ mod tests {
     #[test]
     fn none_or_a_disabled_sdk_exports_nothing() {
         let off = [
-            vec![(TRACES_EXPORTER, "none")],
-            vec![(SDK_DISABLED, "true")],
-            vec![(SDK_DISABLED, "TRUE"), (TRACES_EXPORTER, "otlp")],
+            vec![("OTEL_TRACES_EXPORTER", "none")],
+            vec![("OTEL_SDK_DISABLED", "true")],
+            vec![
+                ("OTEL_SDK_DISABLED", "TRUE"),
+                ("OTEL_TRACES_EXPORTER", "otlp"),
+            ],
         ];
         for pairs in off {
-            assert_eq!(
-                span_export(&vars(&pairs), agent()).unwrap(),
-                SpanExport::Off
-            );
+            assert_eq!(settings(&pairs).export, SpanExport::Off);
         }
-        let on = span_export(&vars(&[(SDK_DISABLED, "false")]), agent()).unwrap();
-        assert_ne!(on, SpanExport::Off);
+        assert_ne!(
+            settings(&[("OTEL_SDK_DISABLED", "false")]).export,
+            SpanExport::Off
+        );
     }
 
     #[test]
@@ -921,144 +563,235 @@ mod tests {
         assert_eq!(settings.protocol, OtlpProtocol::HttpProtobuf);
         assert_eq!(settings.endpoint, "http://localhost:4318/v1/traces");
         assert_eq!(settings.timeout, Duration::from_secs(10));
-        assert!(settings.headers.is_empty());
     }
 
     #[test]
     fn grpc_defaults_to_port_4317_and_keeps_a_base_endpoint_as_is() {
-        assert_eq!(
-            otlp(&[(OTLP_PROTOCOL, "grpc")]).endpoint,
-            "http://localhost:4317"
-        );
-        let settings = otlp(&[(OTLP_PROTOCOL, "grpc"), (OTLP_ENDPOINT, "http://c:4317")]);
-        assert_eq!(settings.endpoint, "http://c:4317");
+        let grpc = ("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc");
+        assert_eq!(otlp(&[grpc]).endpoint, "http://localhost:4317");
+        let base = ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://c:4317");
+        assert_eq!(otlp(&[grpc, base]).endpoint, "http://c:4317");
     }
 
     #[test]
     fn over_http_a_base_endpoint_gets_the_traces_path_and_a_traces_endpoint_is_used_as_is() {
+        let endpoint = |base| otlp(&[("OTEL_EXPORTER_OTLP_ENDPOINT", base)]).endpoint;
+        assert_eq!(endpoint("http://c:4318"), "http://c:4318/v1/traces");
         assert_eq!(
-            otlp(&[(OTLP_ENDPOINT, "http://c:4318")]).endpoint,
-            "http://c:4318/v1/traces"
-        );
-        assert_eq!(
-            otlp(&[(OTLP_ENDPOINT, "http://c:4318/prefix/")]).endpoint,
+            endpoint("http://c:4318/prefix/"),
             "http://c:4318/prefix/v1/traces"
         );
-        assert_eq!(
-            otlp(&[
-                (OTLP_ENDPOINT, "http://ignored:4318"),
-                (OTLP_TRACES_ENDPOINT, "http://c:9999/custom")
-            ])
-            .endpoint,
-            "http://c:9999/custom"
-        );
+        let own = otlp(&[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://ignored:4318"),
+            ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "http://c:9999/custom"),
+        ]);
+        assert_eq!(own.endpoint, "http://c:9999/custom");
     }
 
     #[test]
-    fn headers_and_timeout_are_read_and_percent_decoded() {
+    fn the_spans_own_variables_win_over_the_general_ones_and_words_ignore_case() {
         let settings = otlp(&[
-            (OTLP_HEADERS, "api-key=s%3Dcret, x-tenant = blue"),
-            (OTLP_TIMEOUT, "2500"),
+            ("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf"),
+            ("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", " GRPC "),
+            ("OTEL_EXPORTER_OTLP_TIMEOUT", "1000"),
+            ("OTEL_EXPORTER_OTLP_TRACES_TIMEOUT", "2000"),
         ]);
+        assert_eq!(settings.protocol, OtlpProtocol::Grpc);
+        assert_eq!(settings.timeout, Duration::from_millis(2000));
+        let off = [
+            ("OTEL_TRACES_EXPORTER", "None"),
+            ("OTEL_SDK_DISABLED", " false "),
+        ];
+        assert_eq!(self::settings(&off).export, SpanExport::Off);
+    }
+
+    #[test]
+    fn an_otlp_endpoint_alone_turns_every_signals_export_on_and_an_exporter_variable_wins() {
+        let base = ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://collector:4318");
+        let all = settings(&[base]);
+        assert!(matches!(all.export, SpanExport::Otlp(_)));
+        let metrics = all.metric_export.unwrap();
+        assert_eq!(metrics.endpoint, "http://collector:4318/v1/metrics");
         assert_eq!(
-            settings.headers,
-            vec![
-                ("api-key".to_string(), "s=cret".to_string()),
-                ("x-tenant".to_string(), "blue".to_string())
+            all.log_export.unwrap().endpoint,
+            "http://collector:4318/v1/logs"
+        );
+        // A signal's own endpoint turns on that signal only.
+        let own = settings(&[(
+            "OTEL_EXPORTER_OTLP_LOGS_ENDPOINT",
+            "http://logs:4318/custom",
+        )]);
+        assert_eq!(own.metric_export, None);
+        assert_eq!(own.log_export.unwrap().endpoint, "http://logs:4318/custom");
+        assert!(matches!(own.export, SpanExport::JaegerAgent { .. }));
+        // Nothing set: nothing pushed, spans to the agent.
+        let none = settings(&[]);
+        assert_eq!((none.metric_export, none.log_export), (None, None));
+        // The exporter variable wins over the endpoint's rule, and the SDK switch over both.
+        let off = settings(&[
+            base,
+            ("OTEL_METRICS_EXPORTER", "none"),
+            ("OTEL_TRACES_EXPORTER", "jaeger"),
+        ]);
+        assert_eq!(off.metric_export, None);
+        assert!(matches!(off.export, SpanExport::JaegerAgent { .. }));
+        let disabled = settings(&[base, ("OTEL_SDK_DISABLED", "true")]);
+        assert_eq!(disabled.log_export, None);
+    }
+
+    #[test]
+    fn metrics_may_name_a_list_with_prometheus_and_other_signals_may_not() {
+        for (value, pushed) in [
+            ("otlp,prometheus", true),
+            ("prometheus", false),
+            ("none", false),
+        ] {
+            let pairs = [("OTEL_METRICS_EXPORTER", value)];
+            assert_eq!(settings(&pairs).metric_export.is_some(), pushed, "{value}");
+        }
+        for (exporter, value) in [
+            ("OTEL_METRICS_EXPORTER", "otlp,console"),
+            ("OTEL_LOGS_EXPORTER", "otlp,none"),
+            ("OTEL_LOGS_EXPORTER", "prometheus"),
+            ("OTEL_TRACES_EXPORTER", "otlp,jaeger"),
+        ] {
+            assert!(
+                refused(&[(exporter, value)]).starts_with(exporter),
+                "{value}"
+            );
+        }
+    }
+
+    #[test]
+    fn resource_attributes_are_pairs_with_decoded_values() {
+        let pairs = settings(&[(
+            "OTEL_RESOURCE_ATTRIBUTES",
+            "deployment.environment=demo,team=a%20b,service.name=named",
+        )]);
+        assert_eq!(
+            pairs.resource_attributes[..2],
+            [
+                ("deployment.environment".to_string(), "demo".to_string()),
+                ("team".to_string(), "a b".to_string())
             ]
         );
-        assert_eq!(settings.timeout, Duration::from_millis(2500));
-        assert!(!format!("{settings:?}").contains("s=cret"));
+        assert_eq!(pairs.service_name, "named");
+        assert!(settings(&[]).resource_attributes.is_empty());
     }
 
     #[test]
     fn a_value_with_a_percent_that_starts_no_escape_is_refused_without_echoing_it() {
+        let headers = "OTEL_EXPORTER_OTLP_HEADERS";
         for list in [
             "api-key=top%ZZsecret",
             "api-key=secret%",
             "api-key=secret%4",
         ] {
-            let error = key_value_list(OTLP_HEADERS, list).unwrap_err().to_string();
-            assert!(
-                error.contains(OTLP_HEADERS) && error.contains("%25"),
-                "{error}"
-            );
+            let error = refused(&[(headers, list)]);
+            assert!(error.contains(headers) && error.contains("%25"), "{error}");
             assert!(!error.contains("secret"), "{error}");
         }
-        assert!(key_value_list(OTLP_HEADERS, "a=100%25").is_ok());
-    }
-
-    #[test]
-    fn resource_attributes_are_pairs_with_decoded_values() {
-        let pairs = resource_attributes(&vars(&[(
-            RESOURCE_ATTRIBUTES,
-            "deployment.environment=demo,team=a%20b",
-        )]))
-        .unwrap();
-        assert_eq!(
-            pairs,
-            vec![
-                ("deployment.environment".to_string(), "demo".to_string()),
-                ("team".to_string(), "a b".to_string())
-            ]
-        );
-        assert!(resource_attributes(&vars(&[])).unwrap().is_empty());
+        assert!(args().settings(&env(&[(headers, "a=100%25")])).is_ok());
     }
 
     #[test]
     fn a_bad_value_is_an_error_naming_its_variable_without_repeating_a_secret() {
         let cases: &[(&[(&str, &str)], &str)] = &[
-            (&[(TRACES_EXPORTER, "zipkin")], TRACES_EXPORTER),
-            (&[(TRACES_EXPORTER, "otlp,jaeger")], TRACES_EXPORTER),
-            (&[(SDK_DISABLED, "yes")], SDK_DISABLED),
             (
-                &[(TRACES_EXPORTER, "otlp"), (OTLP_PROTOCOL, "http/json")],
-                OTLP_PROTOCOL,
+                &[("OTEL_TRACES_EXPORTER", "zipkin")],
+                "OTEL_TRACES_EXPORTER",
+            ),
+            (&[("OTEL_SDK_DISABLED", "yes")], "OTEL_SDK_DISABLED"),
+            (
+                &[("OTEL_EXPORTER_OTLP_PROTOCOL", "http/json")],
+                "OTEL_EXPORTER_OTLP_PROTOCOL",
             ),
             (
-                &[(TRACES_EXPORTER, "otlp"), (OTLP_PROTOCOL, "udp")],
-                OTLP_PROTOCOL,
+                &[("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "thrift")],
+                "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL",
             ),
             (
-                &[(TRACES_EXPORTER, "otlp"), (OTLP_ENDPOINT, "c:4318")],
-                OTLP_ENDPOINT,
+                &[("OTEL_EXPORTER_OTLP_ENDPOINT", "c:4318")],
+                "OTEL_EXPORTER_OTLP_ENDPOINT",
+            ),
+            // The SDK reads a URL or a number as it is: spaces around it would make it unread.
+            (
+                &[("OTEL_EXPORTER_OTLP_ENDPOINT", " http://c:4318 ")],
+                "OTEL_EXPORTER_OTLP_ENDPOINT",
+            ),
+            (
+                &[("OTEL_EXPORTER_OTLP_TIMEOUT", " 500")],
+                "OTEL_EXPORTER_OTLP_TIMEOUT",
+            ),
+            (
+                &[("OTEL_EXPORTER_OTLP_LOGS_ENDPOINT", "  ")],
+                "OTEL_EXPORTER_OTLP_LOGS_ENDPOINT",
+            ),
+            (
+                &[("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "https://c/v1/traces")],
+                "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+            ),
+            (
+                &[(
+                    "OTEL_EXPORTER_OTLP_ENDPOINT",
+                    "http://user:secret@collector:4318",
+                )],
+                "OTEL_EXPORTER_OTLP_ENDPOINT",
+            ),
+            (
+                &[("OTEL_EXPORTER_OTLP_TIMEOUT", "10s")],
+                "OTEL_EXPORTER_OTLP_TIMEOUT",
+            ),
+            (
+                &[("OTEL_EXPORTER_OTLP_TRACES_TIMEOUT", "0")],
+                "OTEL_EXPORTER_OTLP_TRACES_TIMEOUT",
+            ),
+            (
+                &[("OTEL_EXPORTER_OTLP_HEADERS", "secretvalue")],
+                "OTEL_EXPORTER_OTLP_HEADERS",
+            ),
+            (
+                &[("OTEL_EXPORTER_OTLP_HEADERS", "k=secret\u{7f}")],
+                "OTEL_EXPORTER_OTLP_HEADERS",
+            ),
+            (
+                &[("OTEL_EXPORTER_OTLP_HEADERS", "trace-bin=secretvalue")],
+                "OTEL_EXPORTER_OTLP_HEADERS",
+            ),
+            (
+                &[("OTEL_EXPORTER_OTLP_LOGS_HEADERS", "secret=")],
+                "OTEL_EXPORTER_OTLP_LOGS_HEADERS",
+            ),
+            (
+                &[("OTEL_EXPORTER_OTLP_TRACES_HEADERS", "k")],
+                "OTEL_EXPORTER_OTLP_TRACES_HEADERS",
             ),
             (
                 &[
-                    (TRACES_EXPORTER, "otlp"),
-                    (OTLP_TRACES_ENDPOINT, "https://c/v1/traces"),
+                    ("OTEL_EXPORTER_OTLP_HEADERS", "a=secret"),
+                    ("OTEL_EXPORTER_OTLP_METRICS_HEADERS", ""),
                 ],
-                OTLP_TRACES_ENDPOINT,
+                "OTEL_EXPORTER_OTLP_METRICS_HEADERS",
             ),
             (
-                &[(TRACES_EXPORTER, "otlp"), (OTLP_TIMEOUT, "10s")],
-                OTLP_TIMEOUT,
+                &[("OTEL_RESOURCE_ATTRIBUTES", "=secretvalue")],
+                "OTEL_RESOURCE_ATTRIBUTES",
             ),
             (
-                &[(TRACES_EXPORTER, "otlp"), (OTLP_TIMEOUT, "0")],
-                OTLP_TIMEOUT,
+                &[("OTEL_RESOURCE_ATTRIBUTES", "k=%ff")],
+                "OTEL_RESOURCE_ATTRIBUTES",
             ),
             (
-                &[(TRACES_EXPORTER, "otlp"), (OTLP_HEADERS, "secretvalue")],
-                OTLP_HEADERS,
+                &[("OTEL_EXPORTER_OTLP_COMPRESSION", "gzip")],
+                "OTEL_EXPORTER_OTLP_COMPRESSION",
             ),
             (
-                &[(TRACES_EXPORTER, "otlp"), (OTLP_HEADERS, "k=secret\u{7f}")],
-                OTLP_HEADERS,
+                &[("OTEL_EXPORTER_OTLP_LOGS_COMPRESSION", "zstd")],
+                "OTEL_EXPORTER_OTLP_LOGS_COMPRESSION",
             ),
             (
-                &[(RESOURCE_ATTRIBUTES, "=secretvalue")],
-                RESOURCE_ATTRIBUTES,
-            ),
-            (&[(RESOURCE_ATTRIBUTES, "k=%ff")], RESOURCE_ATTRIBUTES),
-            (&[(OTLP_COMPRESSION, "gzip")], OTLP_COMPRESSION),
-            (&[(OTLP_HEADERS, "trace-bin=secretvalue")], OTLP_HEADERS),
-            (&[(OTLP_TRACES_HEADERS, "k")], OTLP_TRACES_HEADERS),
-            (&[(OTLP_TRACES_TIMEOUT, "0")], OTLP_TRACES_TIMEOUT),
-            (&[(OTLP_TRACES_PROTOCOL, "thrift")], OTLP_TRACES_PROTOCOL),
-            (
-                &[(OTLP_ENDPOINT, "http://user:secret@collector:4318")],
-                OTLP_ENDPOINT,
+                &[("OTEL_METRIC_EXPORT_INTERVAL", "0")],
+                "OTEL_METRIC_EXPORT_INTERVAL",
             ),
         ];
         for (pairs, variable) in cases {
@@ -1070,147 +803,54 @@ mod tests {
     }
 
     #[test]
-    fn a_bad_otlp_setting_is_refused_even_while_otlp_is_not_chosen() {
-        for pairs in [[(OTLP_PROTOCOL, "udp")], [(OTLP_TIMEOUT, "soon")]] {
-            let message = span_export(&vars(&pairs), agent()).unwrap_err().to_string();
-            assert!(message.starts_with(pairs[0].0), "{message}");
-        }
-    }
-
-    #[test]
-    fn values_are_trimmed_and_enumerations_case_insensitive() {
-        let settings = otlp(&[
-            (OTLP_PROTOCOL, " GRPC "),
-            (OTLP_ENDPOINT, " http://c:4317 "),
+    fn the_batch_variables_are_bounded_and_a_batch_larger_than_its_queue_is_refused() {
+        let set = settings(&[
+            ("OTEL_BSP_MAX_QUEUE_SIZE", "100"),
+            ("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", "50"),
+            ("OTEL_BSP_EXPORT_TIMEOUT", "700"),
         ]);
-        assert_eq!(settings.protocol, OtlpProtocol::Grpc);
-        assert_eq!(settings.endpoint, "http://c:4317");
-        let off = span_export(
-            &vars(&[(TRACES_EXPORTER, "None"), (SDK_DISABLED, " false ")]),
-            agent(),
-        );
-        assert_eq!(off.unwrap(), SpanExport::Off);
-    }
-
-    #[test]
-    fn the_spans_own_variables_win_over_the_general_ones() {
-        let settings = otlp(&[
-            (OTLP_PROTOCOL, "grpc"),
-            (OTLP_TRACES_PROTOCOL, "http/protobuf"),
-            (OTLP_HEADERS, "a=general"),
-            (OTLP_TRACES_HEADERS, "a=traces"),
-            (OTLP_TIMEOUT, "1000"),
-            (OTLP_TRACES_TIMEOUT, "2000"),
-        ]);
-        assert_eq!(settings.protocol, OtlpProtocol::HttpProtobuf);
-        assert_eq!(
-            settings.headers,
-            vec![("a".to_string(), "traces".to_string())]
-        );
-        assert_eq!(settings.timeout, Duration::from_millis(2000));
-    }
-
-    #[test]
-    fn an_otlp_endpoint_alone_turns_every_signals_export_on_and_an_exporter_variable_wins() {
-        let base = [(OTLP_ENDPOINT, "http://collector:4318")];
-        assert!(matches!(
-            span_export(&vars(&base), agent()).unwrap(),
-            SpanExport::Otlp(_)
-        ));
-        let metrics = otlp_export(&vars(&base), &METRICS).unwrap().unwrap();
-        assert_eq!(metrics.endpoint, "http://collector:4318/v1/metrics");
-        let logs = otlp_export(&vars(&base), &LOGS).unwrap().unwrap();
-        assert_eq!(logs.endpoint, "http://collector:4318/v1/logs");
-        // A signal's own endpoint turns on that signal only.
-        let own = [(OTLP_LOGS_ENDPOINT, "http://logs:4318/custom")];
-        assert_eq!(otlp_export(&vars(&own), &METRICS).unwrap(), None);
-        let logs = otlp_export(&vars(&own), &LOGS).unwrap().unwrap();
-        assert_eq!(logs.endpoint, "http://logs:4318/custom");
-        assert!(matches!(
-            span_export(&vars(&own), agent()).unwrap(),
-            SpanExport::JaegerAgent { .. }
-        ));
-        // Nothing set: nothing pushed, spans to the agent.
-        assert_eq!(otlp_export(&vars(&[]), &METRICS).unwrap(), None);
-        assert_eq!(otlp_export(&vars(&[]), &LOGS).unwrap(), None);
-        // The exporter variable wins over the endpoint's rule, and the SDK switch over both.
-        let off = [
-            base[0],
-            (METRICS_EXPORTER, "none"),
-            (TRACES_EXPORTER, "jaeger"),
-        ];
-        assert_eq!(otlp_export(&vars(&off), &METRICS).unwrap(), None);
-        assert!(matches!(
-            span_export(&vars(&off), agent()).unwrap(),
-            SpanExport::JaegerAgent { .. }
-        ));
-        let disabled = [base[0], (SDK_DISABLED, "true")];
-        assert_eq!(otlp_export(&vars(&disabled), &LOGS).unwrap(), None);
-    }
-
-    #[test]
-    fn metrics_may_name_a_list_with_prometheus_and_other_signals_may_not() {
-        for (value, pushed) in [
-            ("otlp,prometheus", true),
-            ("prometheus", false),
-            ("none", false),
-        ] {
-            let pairs = [(METRICS_EXPORTER, value)];
-            assert_eq!(
-                otlp_export(&vars(&pairs), &METRICS).unwrap().is_some(),
-                pushed,
-                "{value}"
-            );
-        }
-        for (exporter, value, signal) in [
-            (METRICS_EXPORTER, "otlp,console", &METRICS),
-            (LOGS_EXPORTER, "otlp,none", &LOGS),
-            (LOGS_EXPORTER, "prometheus", &LOGS),
-        ] {
-            let error = otlp_export(&vars(&[(exporter, value)]), signal)
-                .unwrap_err()
-                .to_string();
-            assert!(error.contains(exporter), "{error}");
-        }
-    }
-
-    #[test]
-    fn a_signals_own_compression_wins_over_the_general_one() {
-        let pairs = [
-            (OTLP_COMPRESSION, "gzip"),
-            (OTLP_METRICS_COMPRESSION, "none"),
-        ];
-        assert!(otlp_settings(&vars(&pairs), &METRICS).is_ok());
-        let error = otlp_settings(&vars(&pairs), &LOGS).unwrap_err().to_string();
-        assert!(error.contains(OTLP_COMPRESSION), "{error}");
-    }
-
-    #[test]
-    fn the_batch_settings_are_bounded_and_a_zero_is_refused() {
-        let defaults = batch_settings(&vars(&[])).unwrap();
-        assert_eq!(defaults.max_queue_size, 2048);
-        assert_eq!(defaults.schedule_delay, Duration::from_secs(5));
-        assert_eq!(defaults.max_export_batch_size, None);
-        let set = batch_settings(&vars(&[
-            (BSP_MAX_QUEUE_SIZE, "100"),
-            (BSP_MAX_EXPORT_BATCH_SIZE, "50"),
-            (BSP_EXPORT_TIMEOUT, "700"),
-        ]))
-        .unwrap();
-        assert_eq!(set.max_export_batch_size, Some(50));
-        assert_eq!(set.export_timeout, Some(Duration::from_millis(700)));
+        assert_eq!(set.span_batch_size, Some(50));
+        assert_eq!(set.span_export_timeout, Some(Duration::from_millis(700)));
+        assert_eq!(settings(&[]).span_batch_size, None);
         for (variable, value) in [
-            (BSP_SCHEDULE_DELAY, "0"),
-            (BSP_MAX_QUEUE_SIZE, "0"),
-            (BSP_MAX_QUEUE_SIZE, "10000000"),
-            (BSP_EXPORT_TIMEOUT, "0"),
-            (BSP_MAX_CONCURRENT_EXPORTS, "0"),
-            (BSP_MAX_EXPORT_BATCH_SIZE, "4096"),
+            ("OTEL_BSP_SCHEDULE_DELAY", "0"),
+            ("OTEL_BSP_MAX_QUEUE_SIZE", "0"),
+            ("OTEL_BSP_MAX_QUEUE_SIZE", "10000000"),
+            ("OTEL_BSP_EXPORT_TIMEOUT", "0"),
+            ("OTEL_BSP_MAX_CONCURRENT_EXPORTS", "0"),
+            ("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", "4096"),
+            ("OTEL_BLRP_MAX_QUEUE_SIZE", "0"),
+            ("OTEL_BLRP_MAX_EXPORT_BATCH_SIZE", "4096"),
         ] {
-            let message = batch_settings(&vars(&[(variable, value)]))
-                .unwrap_err()
-                .to_string();
+            let message = refused(&[(variable, value)]);
             assert!(message.starts_with(variable), "{message}");
         }
+        let small_queue = [
+            ("OTEL_BLRP_MAX_QUEUE_SIZE", "10"),
+            ("OTEL_BLRP_MAX_EXPORT_BATCH_SIZE", "11"),
+        ];
+        assert!(refused(&small_queue).starts_with("OTEL_BLRP_MAX_EXPORT_BATCH_SIZE"));
+    }
+
+    #[test]
+    fn a_variable_that_is_not_text_is_named() {
+        use std::os::unix::ffi::OsStringExt;
+        let var = |name: &str| {
+            (name == "OTEL_EXPORTER_OTLP_HEADERS").then(|| OsString::from_vec(vec![0xff]))
+        };
+        let message = args().settings(&var).unwrap_err().to_string();
+        assert!(
+            message.starts_with("OTEL_EXPORTER_OTLP_HEADERS"),
+            "{message}"
+        );
+    }
+
+    #[test]
+    fn help_lists_every_variable_once() {
+        let help = variables_help();
+        for name in variables() {
+            assert_eq!(help.matches(&format!("  {name}\n")).count(), 1, "{name}");
+        }
+        assert_eq!(variables().count(), 34);
     }
 }
