@@ -171,16 +171,6 @@ fn uuid_like(text: &str) -> bool {
     text.len() == 36 && text.chars().filter(|&c| c == '-').count() == 4
 }
 
-#[tokio::test]
-async fn over_http_a_creation_is_a_server_span_with_its_store_child_and_the_resource() {
-    a_creation_is_a_server_span_with_its_store_child_and_the_resource(Protocol::Http).await;
-}
-
-#[tokio::test]
-async fn over_grpc_a_creation_is_a_server_span_with_its_store_child_and_the_resource() {
-    a_creation_is_a_server_span_with_its_store_child_and_the_resource(Protocol::Grpc).await;
-}
-
 async fn headers_reach_the_collector(protocol: Protocol) {
     let collector = protocol.collector(Behaviour::Answers);
     let host = host_exporting_to(
@@ -204,16 +194,6 @@ async fn headers_reach_the_collector(protocol: Protocol) {
         );
         assert_eq!(export.get("x-tenant").map(String::as_str), Some("blue"));
     }
-}
-
-#[tokio::test]
-async fn over_http_the_headers_variable_reaches_the_collector_decoded() {
-    headers_reach_the_collector(Protocol::Http).await;
-}
-
-#[tokio::test]
-async fn over_grpc_the_headers_variable_reaches_the_collector_as_metadata() {
-    headers_reach_the_collector(Protocol::Grpc).await;
 }
 
 #[tokio::test]
@@ -645,16 +625,6 @@ async fn metric_points_match_what_the_page_says(protocol: Protocol) {
     assert_eq!(resource["service.name"], "tutorial-service");
 }
 
-#[tokio::test]
-async fn over_http_metric_points_match_what_the_metrics_page_says() {
-    metric_points_match_what_the_page_says(Protocol::Http).await;
-}
-
-#[tokio::test]
-async fn over_grpc_metric_points_match_what_the_metrics_page_says() {
-    metric_points_match_what_the_page_says(Protocol::Grpc).await;
-}
-
 async fn log_records_carry_the_ids_of_their_request(protocol: Protocol) {
     let collector = protocol.collector(Behaviour::Answers);
     let host = host_pushing(
@@ -735,16 +705,6 @@ async fn log_records_carry_the_ids_of_their_request(protocol: Protocol) {
             .as_str()
             .is_some_and(|message| message.contains("rejected"))
     });
-}
-
-#[tokio::test]
-async fn over_http_log_records_carry_the_trace_and_span_ids_of_their_request() {
-    log_records_carry_the_ids_of_their_request(Protocol::Http).await;
-}
-
-#[tokio::test]
-async fn over_grpc_log_records_carry_the_trace_and_span_ids_of_their_request() {
-    log_records_carry_the_ids_of_their_request(Protocol::Grpc).await;
 }
 
 #[tokio::test]
@@ -909,3 +869,29 @@ async fn a_span_collector_that_never_answers_costs_the_last_metrics_and_logs_not
         "the log records were not flushed"
     );
 }
+
+/// The rules that hold over both transports, each run over OTLP/HTTP and over gRPC: one test per
+/// rule and transport, `over_http::<rule>` and `over_grpc::<rule>`.
+macro_rules! over_both_protocols {
+    ($($rule:ident),* $(,)?) => {
+        mod over_http {
+            $(#[tokio::test]
+            async fn $rule() {
+                super::$rule(super::Protocol::Http).await;
+            })*
+        }
+        mod over_grpc {
+            $(#[tokio::test]
+            async fn $rule() {
+                super::$rule(super::Protocol::Grpc).await;
+            })*
+        }
+    };
+}
+
+over_both_protocols!(
+    a_creation_is_a_server_span_with_its_store_child_and_the_resource,
+    headers_reach_the_collector,
+    metric_points_match_what_the_page_says,
+    log_records_carry_the_ids_of_their_request,
+);

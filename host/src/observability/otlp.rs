@@ -131,8 +131,9 @@ fn unbuilt(error: impl std::fmt::Display) -> OTelSdkError {
 }
 
 /// `builder` (a span, metric or log exporter's) finished for `settings`' transport, which the
-/// SDK leaves to its caller: over HTTP with the host's client, over gRPC with the SDK's own
-/// channel; each export tried once. The SDK reads the endpoint, headers, timeout and
+/// SDK leaves to its caller: over HTTP with the host's client, over gRPC with the host's
+/// channel (the SDK still adds the headers of the variables to each call); each export tried
+/// once. The SDK reads the endpoint, headers, timeout and
 /// compression from the variables, checked at start. A macro: the three builders share their
 /// methods through traits, but each transport's builder is a type of its own per signal.
 macro_rules! built_for {
@@ -147,11 +148,29 @@ macro_rules! built_for {
                 .build(),
             OtlpProtocol::Grpc => $builder
                 .with_tonic()
+                .with_channel(grpc_channel(settings, timeout)?)
                 .with_retry_policy(RetryPolicy::disabled())
                 .build(),
         }
         .map_err(unbuilt)
     }};
+}
+
+/// A gRPC channel to the settings' endpoint, connected lazily (a collector that is not up yet
+/// is no error at start), that gives up connecting after `timeout`: the SDK's own channel
+/// bounds only a call, and a collector whose address never answers would hold each push for
+/// the system's connect timeout, minutes. Must be called inside the tokio runtime.
+fn grpc_channel(
+    settings: &OtlpSettings,
+    timeout: Duration,
+) -> Result<tonic::transport::Channel, OTelSdkError> {
+    Ok(
+        tonic::transport::Channel::from_shared(settings.endpoint.clone())
+            .map_err(unbuilt)?
+            .connect_timeout(timeout)
+            .timeout(timeout)
+            .connect_lazy(),
+    )
 }
 
 /// The span exporter to `settings`' collector, each export over HTTP given up after `timeout`

@@ -53,7 +53,7 @@ pub struct TelemetryArgs {
     pub jaeger_agent_port: Option<MaybePort>,
 }
 
-/// The environment, as [`crate::config::Config::read`] is given it.
+/// The environment, as the configuration reads it: a variable's value by name.
 pub type Env<'a> = &'a dyn Fn(&str) -> Option<OsString>;
 
 /// What a variable's value must be for the SDK (or the host) to read it as meant.
