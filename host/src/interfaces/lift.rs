@@ -146,7 +146,7 @@ pub fn text(raw: &impl RawText, allowance: &mut Allowance) -> wasmtime::Result<O
         allowance.bytes = 0;
         return Ok(None);
     }
-    let kept = cut(&text, MAX_VALUE_BYTES).to_string();
+    let kept = text[..text.floor_char_boundary(MAX_VALUE_BYTES)].to_string();
     allowance.bytes -= kept.len();
     Ok(Some(kept))
 }
@@ -246,15 +246,6 @@ pub fn guest_attribute<T: 'static>(
         WireValue::Float(number) => attribute(&key, RawValue::Float(*number), allowance),
         WireValue::Boolean(flag) => attribute(&key, RawValue::Boolean(*flag), allowance),
     }
-}
-
-/// `text`'s longest prefix of at most `max` bytes that ends at a character boundary.
-pub fn cut(text: &str, max: usize) -> &str {
-    let mut end = text.len().min(max);
-    while !text.is_char_boundary(end) {
-        end -= 1;
-    }
-    &text[..end]
 }
 
 #[cfg(test)]
@@ -437,12 +428,5 @@ mod tests {
     fn a_bounded_text_over_its_limit_is_not_copied() {
         assert_eq!(bounded_text(&"abcd", 4).unwrap().as_deref(), Some("abcd"));
         assert_eq!(bounded_text(&"abcde", 4).unwrap(), None);
-    }
-
-    #[test]
-    fn a_cut_ends_at_a_character_boundary() {
-        assert_eq!(cut("aé", 2), "a");
-        assert_eq!(cut("aé", 3), "aé");
-        assert_eq!(cut("", 3), "");
     }
 }

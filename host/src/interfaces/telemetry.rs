@@ -507,8 +507,9 @@ pub fn add_to_linker<T: TelemetryView>(linker: &mut Linker<T>) -> wasmtime::Resu
                 let template = template.to_str(&store)?;
                 let label = templates.label(&template);
                 // The template is copied only for the one WARN line a guest gets.
-                let named = matches!(label, Label::Folded { first: true })
-                    .then(|| lift::cut(&template, routes::MAX_TEMPLATE_BYTES).to_string());
+                let named = matches!(label, Label::Folded { first: true }).then(|| {
+                    template[..template.floor_char_boundary(routes::MAX_TEMPLATE_BYTES)].to_string()
+                });
                 (label, named, template.len())
             };
             let (telemetry, _) = store.data_mut().telemetry();

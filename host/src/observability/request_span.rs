@@ -14,11 +14,11 @@ use std::sync::{Arc, OnceLock};
 use std::task::Poll;
 
 use http::{HeaderMap, Method, Uri};
-use opentelemetry::propagation::Extractor;
 use opentelemetry::trace::{
     SpanContext, SpanId, SpanKind, Status, TraceContextExt, TraceId, Tracer,
 };
 use opentelemetry::{Context, ContextGuard, KeyValue};
+use opentelemetry_http::HeaderExtractor;
 use opentelemetry_sdk::trace::{IdGenerator, RandomIdGenerator, SdkTracer};
 use pin_project_lite::pin_project;
 
@@ -94,13 +94,13 @@ impl RequestSpan {
     /// carries a W3C `traceparent`. Named `HTTP <METHOD>` until [`RequestSpan::record_answer`]
     /// adds the route.
     pub fn start(method: &Method, uri: &Uri, request_id: &str, headers: &HeaderMap) -> RequestSpan {
-        let path = truncate(uri.path(), MAX_RECORDED_PATH);
+        let path = &uri.path()[..uri.path().floor_char_boundary(MAX_RECORDED_PATH)];
         // Clients choose the method: only the standard ones become span names or attribute
         // values, so the set of names stays bounded and a 5,000-byte method is not logged whole.
         let method_name = standard_method(method).unwrap_or(OTHER_METHOD);
         let method_original = standard_method(method)
             .is_none()
-            .then(|| truncate(method.as_str(), MAX_RECORDED_METHOD));
+            .then(|| &method.as_str()[..method.as_str().floor_char_boundary(MAX_RECORDED_METHOD)]);
         // The host's one propagator is W3C Trace Context: without a `traceparent` there is no
         // caller's trace to continue, and the global propagator is not asked.
         let caller = if headers.contains_key(TRACEPARENT) {
@@ -121,7 +121,7 @@ impl RequestSpan {
                 attributes.push(KeyValue::new("url.path", path.to_string()));
                 attributes.push(KeyValue::new("url.scheme", "http"));
                 if let Some(query) = uri.query() {
-                    let query = truncate(query, MAX_RECORDED_PATH).to_string();
+                    let query = query[..query.floor_char_boundary(MAX_RECORDED_PATH)].to_string();
                     attributes.push(KeyValue::new("url.query", query));
                 }
                 attributes.push(KeyValue::new("request_id", request_id.to_string()));
@@ -329,25 +329,6 @@ fn log_ids(exported: &SpanContext, caller_trace: TraceId) -> (TraceId, SpanId) {
         caller_trace
     };
     (trace_id, ids.new_span_id())
-}
-
-fn truncate(text: &str, max: usize) -> &str {
-    let mut end = text.len().min(max);
-    while !text.is_char_boundary(end) {
-        end -= 1;
-    }
-    &text[..end]
-}
-
-struct HeaderExtractor<'a>(&'a HeaderMap);
-
-impl Extractor for HeaderExtractor<'_> {
-    fn get(&self, key: &str) -> Option<&str> {
-        self.0.get(key).and_then(|value| value.to_str().ok())
-    }
-    fn keys(&self) -> Vec<&str> {
-        self.0.keys().map(http::HeaderName::as_str).collect()
-    }
 }
 
 #[cfg(test)]

@@ -14,15 +14,15 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use http::{HeaderMap, HeaderName, HeaderValue, Request, Response};
+use http::{Request, Response};
 use http_body_util::BodyExt;
 use hyper_util::rt::TokioIo;
 use opentelemetry::trace::{SpanKind, Status, TraceContextExt};
 use opentelemetry::{Context, KeyValue};
+use opentelemetry_http::HeaderInjector;
 use wasmtime_wasi_http::{Error, RequestOptions, WasiBody};
 
 use crate::error::HostFault;
-use crate::interfaces::lift;
 use crate::observability::request_span;
 
 /// The largest answer head an outgoing call reads (hyper's read buffer bound, as the edge's).
@@ -175,7 +175,8 @@ impl OutgoingCalls {
             None
         };
         if let Some(cause) = cause {
-            let destination = lift::cut(&destination, MAX_LOGGED_DESTINATION);
+            let destination =
+                &destination[..destination.floor_char_boundary(MAX_LOGGED_DESTINATION)];
             tracing::warn!(destination, cause, "outgoing request denied");
             if let Some(fault) = &self.fault {
                 fault.record(|| {
@@ -186,7 +187,7 @@ impl OutgoingCalls {
         }
         // A method the guest made up is `_OTHER`, as the conventions say: a span name from a
         // bounded set. The URL without its query, which may hold credentials.
-        let method = conventional_method(request.method());
+        let method = request_span::standard_method(request.method()).unwrap_or("_OTHER");
         let url = format!("{destination}{}", uri.path());
         let span = request_span::start_child(
             &self.parent,
@@ -196,12 +197,12 @@ impl OutgoingCalls {
                 KeyValue::new("http.request.method", method),
                 KeyValue::new(
                     "server.address",
-                    lift::cut(&host, MAX_LOGGED_DESTINATION).to_string(),
+                    host[..host.floor_char_boundary(MAX_LOGGED_DESTINATION)].to_string(),
                 ),
                 KeyValue::new("server.port", i64::from(port)),
                 KeyValue::new(
                     "url.full",
-                    lift::cut(&url, MAX_LOGGED_DESTINATION).to_string(),
+                    url[..url.floor_char_boundary(MAX_LOGGED_DESTINATION)].to_string(),
                 ),
             ],
         );
@@ -335,37 +336,6 @@ impl SentCall {
         }
         active.end();
         outcome
-    }
-}
-
-/// The method as the conventions name it: a standard one, or `_OTHER`.
-fn conventional_method(method: &http::Method) -> &'static str {
-    use http::Method;
-    match *method {
-        Method::GET => "GET",
-        Method::HEAD => "HEAD",
-        Method::POST => "POST",
-        Method::PUT => "PUT",
-        Method::DELETE => "DELETE",
-        Method::CONNECT => "CONNECT",
-        Method::OPTIONS => "OPTIONS",
-        Method::TRACE => "TRACE",
-        Method::PATCH => "PATCH",
-        _ => "_OTHER",
-    }
-}
-
-/// Writes a propagator's headers into a request's.
-struct HeaderInjector<'a>(&'a mut HeaderMap);
-
-impl opentelemetry::propagation::Injector for HeaderInjector<'_> {
-    fn set(&mut self, key: &str, value: String) {
-        if let (Ok(name), Ok(value)) = (
-            HeaderName::from_bytes(key.as_bytes()),
-            HeaderValue::from_str(&value),
-        ) {
-            self.0.insert(name, value);
-        }
     }
 }
 

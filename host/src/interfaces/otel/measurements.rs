@@ -133,7 +133,7 @@ fn record_metric<T: OtelView>(
         return Ok(());
     };
     let description = description
-        .map(|text| lift::cut(&text, MAX_DESCRIPTION_BYTES).to_string())
+        .map(|text| text[..text.floor_char_boundary(MAX_DESCRIPTION_BYTES)].to_string())
         .unwrap_or_default();
     let kind = |value| GuestMeasurement {
         name: &name,

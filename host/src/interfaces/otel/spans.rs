@@ -252,7 +252,7 @@ fn scope<T: 'static>(
     let wire = &span.instrumentation_scope;
     let name = lift::text(&InGuest::new(&wire.name, store), budget)?.unwrap_or_default();
     // A guest's spans never pass for the host's own (which carry no scope tags).
-    let name = match lift::cut(&name, MAX_SCOPE_BYTES) {
+    let name = match &name[..name.floor_char_boundary(MAX_SCOPE_BYTES)] {
         "" | HOST_TRACER => GUEST_SCOPE.to_string(),
         name => name.to_string(),
     };
@@ -260,7 +260,8 @@ fn scope<T: 'static>(
     if let Some(version) = &wire.version
         && let Some(version) = lift::text(&InGuest::new(version, store), budget)?
     {
-        builder = builder.with_version(lift::cut(&version, MAX_SCOPE_BYTES).to_string());
+        builder = builder
+            .with_version(version[..version.floor_char_boundary(MAX_SCOPE_BYTES)].to_string());
     }
     Ok(builder.build())
 }
