@@ -86,16 +86,14 @@ async fn load(runtime: &Runtime, crate_name: &str) -> ServingGuest {
     ServingGuest { guest, version }
 }
 
+/// `GET path` of `server`, its body parsed as JSON.
+async fn get_json(server: &InProcess, path: &str) -> Value {
+    let answer = client().get(server.url(path)).send().await.unwrap();
+    answer.json().await.unwrap()
+}
+
 async fn health_version(server: &InProcess) -> Value {
-    let health: Value = client()
-        .get(server.url("/api/health"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    health["version"].clone()
+    get_json(server, "/api/health").await["version"].clone()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -128,14 +126,7 @@ async fn a_swapped_guest_answers_the_next_request_and_the_store_is_kept() {
 
     let real = load(&server.runtime, "guest").await;
     server.app.serving().swap(real);
-    let users: Value = client()
-        .get(server.url("/api/users"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let users = get_json(&server, "/api/users").await;
     assert_eq!(users.as_array().map(Vec::len), Some(1), "{users}");
 }
 

@@ -39,6 +39,15 @@ fn traced_host(agent: &Agent, service_name: &str) -> Host {
     host_exporting_to(agent, "guest", service_name, "100")
 }
 
+/// Every span `agent` received, once each of `request_ids` has its server span among them.
+fn wait_for_server_spans(agent: &mut Agent, request_ids: &[&str]) -> Vec<Span> {
+    agent.wait_for(|spans| {
+        request_ids
+            .iter()
+            .all(|id| !server_span_for(spans, id).is_empty())
+    })
+}
+
 fn server_span_for<'a>(spans: &'a [Span], request_id: &str) -> Vec<&'a Span> {
     spans
         .iter()
@@ -47,6 +56,12 @@ fn server_span_for<'a>(spans: &'a [Span], request_id: &str) -> Vec<&'a Span> {
                 && span.str_tag("request_id") == Some(request_id)
         })
         .collect()
+}
+
+/// `POST /api/users` of a user named `A` with `email`, with `x-request-id: request_id`.
+async fn create_with_id(host: &Host, request_id: &str, email: &str) -> reqwest::Response {
+    let user = json!({"name": "A", "email": email});
+    post_with_id(host, "/api/users", request_id, user).await
 }
 
 async fn post_with_id(host: &Host, path: &str, request_id: &str, body: Value) -> reqwest::Response {
@@ -130,16 +145,11 @@ async fn a_burst_leaves_in_batches_of_128_spans_without_waiting_for_the_schedule
 async fn the_guest_spans_are_children_of_the_request_span_with_their_attributes() {
     let mut agent = Agent::start();
     let host = traced_host(&agent, "tutorial-service");
-    let created: Value = post_with_id(
-        &host,
-        "/api/users",
-        "create-1",
-        json!({"name": "A", "email": "a@x.io"}),
-    )
-    .await
-    .json()
-    .await
-    .unwrap();
+    let created: Value = create_with_id(&host, "create-1", "a@x.io")
+        .await
+        .json()
+        .await
+        .unwrap();
     let user_id = created["id"].as_str().unwrap().to_string();
     get_with_id(&host, &format!("/api/users/{user_id}"), "get-1").await;
     get_with_id(&host, "/api/users", "list-1").await;
@@ -184,16 +194,8 @@ async fn error_responses_record_their_status_on_the_span() {
     let mut agent = Agent::start();
     let host = traced_host(&agent, "tutorial-service");
     get_with_id(&host, "/api/users/not-a-uuid", "miss-1").await;
-    post_with_id(
-        &host,
-        "/api/users",
-        "bad-1",
-        json!({"name": "A", "email": "nope"}),
-    )
-    .await;
-    let spans = agent.wait_for(|spans| {
-        !server_span_for(spans, "miss-1").is_empty() && !server_span_for(spans, "bad-1").is_empty()
-    });
+    create_with_id(&host, "bad-1", "nope").await;
+    let spans = wait_for_server_spans(&mut agent, &["miss-1", "bad-1"]);
     assert_eq!(
         server_span_for(&spans, "miss-1")[0].long_tag("http.response.status_code"),
         Some(404)
@@ -226,10 +228,7 @@ async fn the_request_span_carries_the_scheme_and_the_query_apart_from_the_path()
     let host = traced_host(&agent, "tutorial-service");
     get_with_id(&host, "/api/health?verbose=1&x=y", "query-1").await;
     get_with_id(&host, "/api/health", "query-2").await;
-    let spans = agent.wait_for(|spans| {
-        !server_span_for(spans, "query-1").is_empty()
-            && !server_span_for(spans, "query-2").is_empty()
-    });
+    let spans = wait_for_server_spans(&mut agent, &["query-1", "query-2"]);
     let with_query = server_span_for(&spans, "query-1")[0];
     assert_eq!(with_query.str_tag("url.scheme"), Some("http"));
     assert_eq!(with_query.str_tag("url.path"), Some("/api/health"));
@@ -359,20 +358,8 @@ async fn a_scrape_of_the_metrics_page_is_logged_like_any_request() {
 #[tokio::test]
 async fn creations_computations_and_validation_failures_are_logged() {
     let host = Host::builder().start();
-    post_with_id(
-        &host,
-        "/api/users",
-        "c-1",
-        json!({"name": "A", "email": "a@x.io"}),
-    )
-    .await;
-    post_with_id(
-        &host,
-        "/api/users",
-        "c-2",
-        json!({"name": "A", "email": "broken"}),
-    )
-    .await;
+    create_with_id(&host, "c-1", "a@x.io").await;
+    create_with_id(&host, "c-2", "broken").await;
     post_with_id(&host, "/api/compute", "c-3", json!({"n": 12})).await;
     get_with_id(&host, "/api/users", "c-4").await;
 

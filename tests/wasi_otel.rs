@@ -41,12 +41,8 @@ fn host_with_collector(collector: &Collector) -> Host {
 }
 
 async fn get_with_id(host: &Host, path: &str, request_id: &str) -> u16 {
-    client()
-        .get(host.url(path))
-        .header("x-request-id", request_id)
-        .send()
+    support::get_with_id(host, path, request_id)
         .await
-        .unwrap()
         .status()
         .as_u16()
 }

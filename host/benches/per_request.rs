@@ -7,7 +7,6 @@
 //!   interleaved rounds and printed as one JSON line for `bench/report.py`.
 
 use std::hint::black_box;
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -20,21 +19,13 @@ use host::runtime::{Guest, GuestLimits, Runtime};
 use host::user_store::UserStore;
 use http_body_util::BodyExt;
 
-fn component(crate_name: &str) -> PathBuf {
-    let path = host::runtime::built::built_component(crate_name);
-    assert!(
-        path.exists(),
-        "{} is missing: run `make build` first",
-        path.display()
-    );
-    path
-}
-
 fn load(runtime: &Runtime, crate_name: &str) -> Guest {
-    runtime
-        .load(&component(crate_name))
-        .expect("the component loads")
-        .0
+    // A component not built yet fails here, naming its path: `make build` builds them all.
+    let path = host::runtime::built::built_component(crate_name);
+    match runtime.load(&path) {
+        Ok((guest, _)) => guest,
+        Err(error) => panic!("{error} (run `make build` first)"),
+    }
 }
 
 async fn call(
