@@ -48,9 +48,14 @@ pub struct TelemetryArgs {
     #[arg(long, env = "OTEL_EXPORTER_JAEGER_AGENT_HOST")]
     pub jaeger_agent_host: Option<String>,
 
-    /// UDP port of the Jaeger agent [default: 6831].
-    #[arg(long, env = "OTEL_EXPORTER_JAEGER_AGENT_PORT", value_parser = optional_port)]
-    pub jaeger_agent_port: Option<MaybePort>,
+    /// UDP port of the Jaeger agent.
+    #[arg(
+        long,
+        env = "OTEL_EXPORTER_JAEGER_AGENT_PORT",
+        default_value_t = DEFAULT_JAEGER_AGENT_PORT,
+        value_parser = clap::value_parser!(u16).range(1..)
+    )]
+    pub jaeger_agent_port: u16,
 }
 
 /// The environment, as the configuration reads it: a variable's value by name.
@@ -367,8 +372,7 @@ impl TelemetryArgs {
             _ if disabled => SpanExport::Off,
             "jaeger" => SpanExport::JaegerAgent {
                 host: unless_empty(&self.jaeger_agent_host, DEFAULT_JAEGER_AGENT_HOST),
-                port: (self.jaeger_agent_port.and_then(|MaybePort(port)| port))
-                    .unwrap_or(DEFAULT_JAEGER_AGENT_PORT),
+                port: self.jaeger_agent_port,
             },
             "otlp" => SpanExport::Otlp(otlp_settings(var, TRACES)),
             _ => SpanExport::Off,
@@ -397,18 +401,6 @@ impl TelemetryArgs {
             log_export: pushed(LOGS),
             resource_attributes,
         })
-    }
-}
-
-/// A port setting: a port, or nothing when the setting is empty.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct MaybePort(pub Option<u16>);
-
-fn optional_port(value: &str) -> Result<MaybePort, String> {
-    match value.parse::<u16>() {
-        _ if value.is_empty() => Ok(MaybePort(None)),
-        Ok(port) if port > 0 => Ok(MaybePort(Some(port))),
-        _ => Err("expected a port, 1 to 65535".to_string()),
     }
 }
 
@@ -491,7 +483,7 @@ mod tests {
             log_filter: None,
             service_name: None,
             jaeger_agent_host: Some("agent".to_string()),
-            jaeger_agent_port: None,
+            jaeger_agent_port: DEFAULT_JAEGER_AGENT_PORT,
         }
     }
 
