@@ -612,6 +612,17 @@ async fn the_metrics_page_answers_a_body_over_the_limit_413_whatever_the_method(
             assert!(answer.contains("x-request-id: "), "{answer}");
         }
     }
+    // Labelled as the host's own route, and the refusal's line says why.
+    let samples = support::prometheus::scrape(&host).await;
+    let labels = [("method", "GET"), ("route", "/metrics"), ("status", "413")];
+    let refused = support::prometheus::value(&samples, "http_requests_total", &labels);
+    assert_eq!(refused, 2.0);
+    let lines = host.wait_for_logs(3, |line| line["status"] == 413);
+    assert_eq!(lines.len(), 3, "{lines:?}");
+    for line in lines {
+        let cause = line["error"].as_str().unwrap_or_default();
+        assert!(cause.contains("--max-body-bytes"), "{line}");
+    }
     assert_still_serving(&host).await;
 }
 

@@ -203,20 +203,28 @@ impl App {
             // The whole request is here: from now on the connection is doing work.
             connection.enter(Phase::Answering);
         }
+        // The host's own page is labelled as such, whatever it answers.
+        let metrics_page = (self.metrics_path.path()).filter(|path| parts.uri.path() == &***path);
+        if let Some(path) = metrics_page
+            && let Some(route) = matched_route.set(Arc::clone(path))
+        {
+            span.record_route(&route);
+        }
         let ReadBody::Complete(body) = body else {
             // The contract's first rule, whatever the path and method: the host knows no routes.
             // The unread rest of the body is still on the connection.
+            host_fault.record_over(format!(
+                "the body is over --max-body-bytes ({})",
+                self.limits.max_body_bytes
+            ));
             return closing(responses::error(
                 StatusCode::PAYLOAD_TOO_LARGE,
                 responses::BODY_TOO_LARGE,
             ));
         };
-        if let Some(metrics_path) = self.metrics_path.path()
-            && parts.uri.path() == &**metrics_path
-        {
-            if let Some(route) = matched_route.set(Arc::clone(metrics_path)) {
-                span.record_route(&route);
-            }
+        if metrics_page.is_some() {
+            // The page reads no body: its bytes go back to the budget now.
+            drop((body, reservation));
             if parts.method != Method::GET && parts.method != Method::HEAD {
                 // Its WARN line is written in `handle`.
                 return responses::method_not_allowed(&[Method::GET, Method::HEAD]);

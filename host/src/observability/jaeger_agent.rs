@@ -94,7 +94,12 @@ impl AgentExporter {
         let mut bytes = 0;
         let mut oversized = 0;
         for span in batch {
-            let encoded = encode_span(span).map_err(encoding_failed)?;
+            // Writing to memory cannot fail, but a span that could not be written is dropped
+            // alone, as one too large is.
+            let Ok(encoded) = encode_span(span) else {
+                oversized += 1;
+                continue;
+            };
             if call_bytes(process, bytes + encoded.len()) > self.max_datagram && !spans.is_empty() {
                 self.emit(&spans)?;
                 spans.clear();
@@ -112,7 +117,8 @@ impl AgentExporter {
         }
         if oversized > 0 {
             return Err(OTelSdkError::InternalFailure(format!(
-                "{oversized} span(s) larger than one datagram to the agent were dropped"
+                "{oversized} span(s) larger than one datagram to the agent, or not encodable, \
+                 were dropped"
             )));
         }
         Ok(())

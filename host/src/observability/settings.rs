@@ -162,6 +162,15 @@ pub fn check(var: Env) -> Result<(), Error> {
             {
                 Some("blank, which the SDK would not take for unset; unset it".into())
             }
+            // Commas alone: no header, yet it replaces the general ones all the same.
+            Some(value)
+                if kind == HEADERS
+                    && name != "OTEL_EXPORTER_OTLP_HEADERS"
+                    && general_headers
+                    && key_value_list(value, true).is_ok_and(|pairs| pairs.is_empty()) =>
+            {
+                Some("holds no header, yet would replace OTEL_EXPORTER_OTLP_HEADERS".into())
+            }
             Some(value) if value.trim().is_empty() => None,
             Some(value) => checked(kind, value, var).err(),
         };
@@ -515,6 +524,21 @@ mod tests {
             SpanExport::Otlp(settings) => settings,
             other => panic!("expected OTLP, got {other:?}"),
         }
+    }
+
+    #[test]
+    fn a_signals_headers_that_hold_none_may_not_replace_the_general_ones() {
+        let general = ("OTEL_EXPORTER_OTLP_HEADERS", "x-api-key=s");
+        for none in [" ", ",", " , "] {
+            let error = refused(&[general, ("OTEL_EXPORTER_OTLP_TRACES_HEADERS", none)]);
+            assert!(
+                error.contains("OTEL_EXPORTER_OTLP_TRACES_HEADERS"),
+                "{error}"
+            );
+        }
+        // Without general headers there is nothing to replace.
+        settings(&[("OTEL_EXPORTER_OTLP_TRACES_HEADERS", ",")]);
+        settings(&[("OTEL_EXPORTER_OTLP_HEADERS", ",")]);
     }
 
     #[test]
