@@ -74,9 +74,13 @@ enum Kind {
     Url,
     /// `key=value,...`, values percent-encoded; `true`: each one an HTTP header the SDK sends.
     Pairs(bool),
+    /// One of these words, exactly: the SDK matches them case-sensitively.
+    Exact(&'static [&'static str]),
+    /// A fraction from 0 to 1.
+    Ratio,
 }
 
-use Kind::{Batch, Number, Pairs, Url, Word};
+use Kind::{Batch, Exact, Number, Pairs, Ratio, Url, Word};
 
 const PROTOCOL: Kind = Word(&["http/protobuf", "grpc"], false);
 /// No compression feature is built in: the SDK would ignore `gzip` and send uncompressed.
@@ -126,6 +130,12 @@ const VARIABLES: &[(&str, Kind, &str)] = &[
     ("OTEL_BLRP_MAX_QUEUE_SIZE", QUEUE, "Log records waiting at most; more are dropped [2048]"),
     ("OTEL_BLRP_MAX_EXPORT_BATCH_SIZE", Batch("OTEL_BLRP_MAX_QUEUE_SIZE"), "Log records per batch [512]"),
     ("OTEL_RESOURCE_ATTRIBUTES", Pairs(false), "key=value,... on every signal's resource, values percent-encoded"),
+    ("OTEL_TRACES_SAMPLER", Exact(&["always_on", "always_off", "traceidratio", "parentbased_always_on", "parentbased_always_off", "parentbased_traceidratio"]), "Which traces are recorded [parentbased_always_on]"),
+    ("OTEL_TRACES_SAMPLER_ARG", Ratio, "The ratio of the traceidratio samplers, 0 to 1 [1]"),
+    ("OTEL_SPAN_ATTRIBUTE_COUNT_LIMIT", Number(0, u32::MAX as u64), "Attributes kept on one span [128]"),
+    ("OTEL_SPAN_EVENT_COUNT_LIMIT", Number(0, u32::MAX as u64), "Events kept on one span [128]"),
+    ("OTEL_SPAN_LINK_COUNT_LIMIT", Number(0, u32::MAX as u64), "Links kept on one span [128]"),
+    ("OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE", Word(&["cumulative"], false), "cumulative, the only one: /metrics and the push show the same sums"),
 ];
 
 /// The names of the variables of [`VARIABLES`].
@@ -206,6 +216,13 @@ fn checked(kind: Kind, value: &str, var: Env) -> Result<(), String> {
         },
         Url => checked_url(value),
         Pairs(headers) => key_value_list(value, headers).map(drop),
+        Exact(words) => (words.contains(&value))
+            .then_some(())
+            .ok_or_else(|| format!("expected {} (in lower case)", words.join(" | "))),
+        Ratio => match value.parse::<f64>() {
+            Ok(ratio) if (0.0..=1.0).contains(&ratio) => Ok(()),
+            _ => Err("expected a fraction from 0 to 1".to_string()),
+        },
     }
 }
 
@@ -542,6 +559,26 @@ mod tests {
     }
 
     #[test]
+    fn a_sampler_or_span_limit_the_sdk_would_ignore_is_refused() {
+        for (name, bad) in [
+            ("OTEL_TRACES_SAMPLER", "always-off"),
+            ("OTEL_TRACES_SAMPLER", "ALWAYS_OFF"),
+            ("OTEL_TRACES_SAMPLER_ARG", "10%"),
+            ("OTEL_TRACES_SAMPLER_ARG", "1.5"),
+            ("OTEL_SPAN_EVENT_COUNT_LIMIT", "-1"),
+            ("OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE", "delta"),
+        ] {
+            let error = refused(&[(name, bad)]);
+            assert!(error.contains(name) && !error.contains(bad), "{error}");
+        }
+        settings(&[
+            ("OTEL_TRACES_SAMPLER", "parentbased_traceidratio"),
+            ("OTEL_TRACES_SAMPLER_ARG", "0.25"),
+            ("OTEL_SPAN_LINK_COUNT_LIMIT", "8"),
+        ]);
+    }
+
+    #[test]
     fn the_jaeger_agent_is_the_default_exporter() {
         for unset in [&[][..], &[("OTEL_TRACES_EXPORTER", "")][..]] {
             assert_eq!(
@@ -867,6 +904,6 @@ mod tests {
         for name in variables() {
             assert_eq!(help.matches(&format!("  {name}\n")).count(), 1, "{name}");
         }
-        assert_eq!(variables().count(), 34);
+        assert_eq!(variables().count(), 40);
     }
 }
