@@ -4,7 +4,7 @@
 //! request's server span (`wasm.*` attributes) and in the per-route `wasm_*` metrics.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use opentelemetry::KeyValue;
@@ -68,6 +68,9 @@ pub struct RequestCost {
     running_nanos: AtomicU64,
     memory_peak: AtomicUsize,
     host_calls: [AtomicU32; 3],
+    /// Set when the host-wide budget, not the instance's own limit, refused it memory: the
+    /// request is then answered 503 (the host is busy), not 500.
+    over_budget: AtomicBool,
 }
 
 /// A reading of a [`RequestCost`].
@@ -99,6 +102,16 @@ impl RequestCost {
     /// A memory grew by `grown` bytes (its creation included).
     pub fn memory_grew(&self, grown: usize) {
         self.memory_peak.fetch_add(grown, Ordering::Relaxed);
+    }
+
+    /// The host-wide memory budget refused the instance memory.
+    pub fn refused_by_budget(&self) {
+        self.over_budget.store(true, Ordering::Release);
+    }
+
+    /// Whether the host-wide memory budget refused the instance memory.
+    pub fn was_over_budget(&self) -> bool {
+        self.over_budget.load(Ordering::Acquire)
     }
 
     /// Counts one call to `interface`.

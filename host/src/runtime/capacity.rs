@@ -8,7 +8,6 @@
 //! slots waits for one, then gets 503; it never finds the pools empty (a 500).
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use wasmtime::{ResourceLimiter, StoreLimits, StoreLimitsBuilder};
@@ -102,9 +101,9 @@ impl GuestCapacity {
         Self::instances(limits) * STACKS_PER_INSTANCE
     }
 
-    /// The limiter of one instance's store: its own bounds, and the host-wide budget, whose
-    /// refusals it reports in `over_budget`; the memory it grants is added to `cost`.
-    pub fn limiter(&self, over_budget: Arc<AtomicBool>, cost: Arc<RequestCost>) -> InstanceLimiter {
+    /// The limiter of one instance's store: its own bounds, and the host-wide budget; the
+    /// memory it grants, and the budget's refusals, go to `cost`.
+    pub fn limiter(&self, cost: Arc<RequestCost>) -> InstanceLimiter {
         InstanceLimiter {
             own: StoreLimitsBuilder::new()
                 .memory_size(self.limits.memory_bytes)
@@ -114,7 +113,6 @@ impl GuestCapacity {
                 .instances(CORE_INSTANCES_PER_COMPONENT)
                 .build(),
             budget: Some(Arc::clone(&self.budget)),
-            over_budget,
             cost,
         }
     }
@@ -145,11 +143,8 @@ impl GuestCapacity {
 pub struct InstanceLimiter {
     own: StoreLimits,
     budget: Option<Arc<MemoryBudget>>,
-    /// Set when the budget, not the instance's own limit, refused memory: the request is then
-    /// answered 503 (the host is busy), not 500.
-    over_budget: Arc<AtomicBool>,
-    /// Where the memory granted is added up: memories never shrink, so the sum is the
-    /// high-water mark.
+    /// Where the memory granted is added up (memories never shrink, so the sum is the
+    /// high-water mark), and the budget's refusals said.
     cost: Arc<RequestCost>,
 }
 
@@ -167,7 +162,7 @@ impl ResourceLimiter for InstanceLimiter {
         if let Some(budget) = &self.budget
             && !budget.has_room_for(more)
         {
-            self.over_budget.store(true, Ordering::Release);
+            self.cost.refused_by_budget();
             return Ok(false);
         }
         self.cost.memory_grew(more);
@@ -177,7 +172,7 @@ impl ResourceLimiter for InstanceLimiter {
     fn memory_grow_failed(&mut self, error: wasmtime::Error) -> wasmtime::Result<()> {
         // Another instance took the last of the budget between this one's check and its growth.
         if error.is::<BudgetSpent>() {
-            self.over_budget.store(true, Ordering::Release);
+            self.cost.refused_by_budget();
         }
         self.own.memory_grow_failed(error)
     }
@@ -255,13 +250,13 @@ mod tests {
         let mut limits = limits(1, 0);
         limits.memory_budget_bytes = 2 << 20;
         let capacity = GuestCapacity::new(limits);
-        let over_budget = Arc::new(AtomicBool::new(false));
-        let mut limiter = capacity.limiter(Arc::clone(&over_budget), Arc::default());
+        let cost = Arc::new(RequestCost::default());
+        let mut limiter = capacity.limiter(Arc::clone(&cost));
         assert!(
             !limiter.memory_growing(0, 2 << 20, None).unwrap(),
             "own limit"
         );
-        assert!(!over_budget.load(Ordering::Acquire));
+        assert!(!cost.was_over_budget());
         let _hold = capacity
             .memories
             .new_memory(MemoryType::new(1, None), 1 << 20, None, Some(0), 0)
@@ -271,6 +266,6 @@ mod tests {
             .new_memory(MemoryType::new(1, None), 1 << 20, None, Some(0), 0)
             .unwrap();
         assert!(!limiter.memory_growing(0, 65536, None).unwrap(), "budget");
-        assert!(over_budget.load(Ordering::Acquire));
+        assert!(cost.was_over_budget());
     }
 }

@@ -2,7 +2,6 @@
 //! ([`Guest::handle`]), within its deadline, slots and memory budget.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use tokio::sync::oneshot;
@@ -88,7 +87,6 @@ impl Guest {
         let held = self.capacity.held_objects(request.headers());
         let metrics = context.metrics();
         let body_metrics = metrics.clone();
-        let over_budget = Arc::new(AtomicBool::new(false));
         let cost = Arc::new(RequestCost::default());
         let cost_report = context.cost_report(Arc::clone(&cost));
         let deadline = Instant::now() + self.limits.request_timeout;
@@ -96,8 +94,7 @@ impl Guest {
             self.pre.engine(),
             context,
             Arc::clone(&self.route_templates),
-            self.capacity
-                .limiter(Arc::clone(&over_budget), Arc::clone(&cost)),
+            self.capacity.limiter(Arc::clone(&cost)),
             held,
             Arc::clone(&cost),
             Outbound {
@@ -129,6 +126,8 @@ impl Guest {
         // cannot be interrupted by epochs: this is the backstop, for the whole exchange.
         let backstop = self.limits.request_timeout + Duration::from_secs(1);
         let instance_permit = permit.clone();
+        // Read once the instance has ended, to tell the host's shortage from the guest's fault.
+        let spent = Arc::clone(&cost);
         // Boxed where it is made: the instance's future (linking and the guest's call inside)
         // is kilobytes large, and each wrapper and the spawn would otherwise copy it whole.
         let instance = Box::pin(async move {
@@ -183,7 +182,7 @@ impl Guest {
                 // (a refused new memory reaches here only as wasmtime's text of the refusal),
                 // or the objects it made on the host's side did not fit.
                 Ok(Err(trap))
-                    if over_budget.load(Ordering::Acquire)
+                    if spent.was_over_budget()
                         || trap
                             .downcast_ref::<TooMuchHeld>()
                             .is_some_and(TooMuchHeld::by_budget)
