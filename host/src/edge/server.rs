@@ -204,7 +204,10 @@ impl App {
             connection.enter(Phase::Answering);
         }
         // The host's own page is labelled as such, whatever it answers.
-        let metrics_page = (self.metrics_path.path()).filter(|path| parts.uri.path() == &***path);
+        let metrics_page = self
+            .metrics_path
+            .path()
+            .filter(|path| parts.uri.path() == path.as_ref());
         if let Some(path) = metrics_page
             && let Some(route) = matched_route.set(Arc::clone(path))
         {

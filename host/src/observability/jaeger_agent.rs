@@ -139,7 +139,7 @@ impl AgentExporter {
     fn encode_call(&self, sequence: i32, spans: &[Vec<u8>]) -> thrift::Result<Vec<u8>> {
         let span_bytes = spans.iter().map(Vec::len).sum::<usize>();
         let mut datagram = Vec::with_capacity(call_bytes(self.process_bytes, span_bytes));
-        let mut call = Compact::into(&mut datagram);
+        let mut call = Compact::writing_to(&mut datagram);
         let head = TMessageIdentifier::new("emitBatch", TMessageType::OneWay, sequence);
         call.0.write_message_begin(&head)?;
         call.struct_begin()?;
@@ -153,7 +153,7 @@ impl AgentExporter {
             datagram.extend_from_slice(span);
         }
         // The stops of `Batch` and of the arguments: a stop is one byte whatever came before.
-        let mut call = Compact::into(&mut datagram);
+        let mut call = Compact::writing_to(&mut datagram);
         call.0.write_field_stop()?;
         call.0.write_field_stop()?;
         Ok(datagram)
@@ -169,7 +169,7 @@ fn encoding_failed(error: thrift::Error) -> OTelSdkError {
 struct Compact<'a>(TCompactOutputProtocol<&'a mut Vec<u8>>);
 
 impl<'a> Compact<'a> {
-    fn into(out: &'a mut Vec<u8>) -> Compact<'a> {
+    fn writing_to(out: &'a mut Vec<u8>) -> Compact<'a> {
         Compact(TCompactOutputProtocol::new(out))
     }
 
@@ -224,7 +224,7 @@ impl SpanExporter for AgentExporter {
         self.resource = resource.clone();
         let mut process = Vec::new();
         self.process_bytes = write_process(
-            &mut Compact::into(&mut process),
+            &mut Compact::writing_to(&mut process),
             &self.service_name,
             resource,
         )
@@ -274,7 +274,7 @@ fn write_process(
 /// attributes, kind and status as tags, and events as logs.
 fn encode_span(span: &SpanData) -> thrift::Result<Vec<u8>> {
     let mut bytes = Vec::with_capacity(SPAN_CAPACITY);
-    let mut out = Compact::into(&mut bytes);
+    let mut out = Compact::writing_to(&mut bytes);
     let context = &span.span_context;
     let (trace_high, trace_low) = split_trace_id(context.trace_id().to_bytes());
     out.struct_begin()?;
