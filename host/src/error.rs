@@ -197,40 +197,6 @@ pub enum Refusal {
     Unreadable(#[from] wasmparser::BinaryReaderError),
 }
 
-/// What went wrong on the host's side of one request (a store call that failed), shared with
-/// the server, whose one ERROR line for the request carries it.
-#[derive(Debug, Default)]
-pub struct HostFault(std::sync::Mutex<Option<String>>);
-
-impl HostFault {
-    /// Records `cause`, unless an earlier one is recorded: the first fault explains the rest.
-    pub fn record(&self, cause: impl FnOnce() -> String) {
-        let mut recorded = self
-            .0
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if recorded.is_none() {
-            *recorded = Some(cause());
-        }
-    }
-
-    /// Records `cause` in place of any earlier one: the fault that decided the answer.
-    pub fn record_over(&self, cause: String) {
-        *self
-            .0
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(cause);
-    }
-
-    /// The recorded cause, if any.
-    pub fn take(&self) -> Option<String> {
-        self.0
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .take()
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -27,10 +27,11 @@ use crate::edge::client_stream::{ClientStream, DrainOnClose, Linger};
 use crate::edge::connections::{AwaitNextHead, ConnectionTable, MAX_HEADER_BYTES, Phase, Ticket};
 use crate::edge::request_body::{BodyBuffers, BodyError, GuestRequestBody, ReadBody, read_body};
 use crate::edge::responses::{self, ResponseBody};
-use crate::error::{HostFault, RequestError, one_line};
+use crate::error::{RequestError, one_line};
 use crate::observability::metrics::{self, Metrics};
+use crate::observability::record::RequestRecord;
 use crate::observability::request_span::RequestSpan;
-use crate::observability::routes::{MatchedRoute, MetricsPath};
+use crate::observability::routes::MetricsPath;
 use crate::runtime::Serving;
 use crate::runtime::store::RequestContext;
 use crate::user_store::UserStore;
@@ -124,18 +125,17 @@ impl App {
             request_id.to_str().unwrap_or_default(),
             request.headers(),
         );
-        let matched_route = Arc::new(MatchedRoute::default());
-        let host_fault = Arc::new(HostFault::default());
+        let record = Arc::new(RequestRecord::default());
         let mut response = span
-            .instrument(self.respond(request, &request_id, &span, &matched_route, &host_fault))
+            .instrument(self.respond(request, &request_id, &span, &record))
             .await;
         response.headers_mut().insert(REQUEST_ID, request_id);
 
         let status = response.status().as_u16();
-        let (route, span_lacks_route) = matched_route.answer();
+        let (route, span_lacks_route) = record.route();
         span.record_answer(&method, &route, span_lacks_route, status);
         // One line per failed request, with its cause when the host knows it.
-        let cause = host_fault.take();
+        let cause = record.take_fault();
         span.in_scope(|| {
             if status >= 500 {
                 tracing::error!(status, error = cause.as_deref(), "request failed");
@@ -153,8 +153,7 @@ impl App {
         request: Request<Incoming>,
         request_id: &HeaderValue,
         span: &RequestSpan,
-        matched_route: &Arc<MatchedRoute>,
-        host_fault: &Arc<HostFault>,
+        record: &Arc<RequestRecord>,
     ) -> Response<ResponseBody> {
         if !has_valid_host(request.version(), request.headers()) {
             let refused = responses::error(StatusCode::BAD_REQUEST, responses::BAD_HOST);
@@ -176,8 +175,7 @@ impl App {
         let (body, reservation) = match read {
             Ok(read) => read,
             Err(BodyError::NoRoom) => {
-                host_fault
-                    .record_over("the request bodies held host-wide fill their budget".into());
+                record.deciding_fault("the request bodies held host-wide fill their budget".into());
                 // The rest of the body is still on the connection.
                 return closing(responses::error(
                     StatusCode::SERVICE_UNAVAILABLE,
@@ -209,14 +207,14 @@ impl App {
             .path()
             .filter(|path| parts.uri.path() == path.as_ref());
         if let Some(path) = metrics_page
-            && let Some(route) = matched_route.set(Arc::clone(path))
+            && let Some(route) = record.name_route(Arc::clone(path))
         {
             span.record_route(&route);
         }
         let ReadBody::Complete(body) = body else {
             // The contract's first rule, whatever the path and method: the host knows no routes.
             // The unread rest of the body is still on the connection.
-            host_fault.record_over(format!(
+            record.deciding_fault(format!(
                 "the body is over --max-body-bytes ({})",
                 self.limits.max_body_bytes
             ));
@@ -254,8 +252,7 @@ impl App {
             peer,
             Arc::clone(&self.metrics),
             span.clone(),
-            Arc::clone(matched_route),
-            Arc::clone(host_fault),
+            Arc::clone(record),
         );
         let serving = self.serving.current();
         // The guest changes with a swap: each request span says which one answered it.
@@ -276,7 +273,7 @@ impl App {
                     self.metrics.observe_guest_trap(metrics::TRAP_MOMENTS[0]);
                 }
                 // The request's log line says why (this error wins over any earlier fault).
-                host_fault.record_over(one_line(&error));
+                record.deciding_fault(one_line(&error));
                 responses::error(status, message)
             }
         }

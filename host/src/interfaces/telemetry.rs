@@ -16,11 +16,12 @@ use wasmtime::component::{Linker, Resource, ResourceTable, ResourceType, WasmLis
 use crate::interfaces::bindings::GuestSpan;
 use crate::interfaces::bindings::telemetry::{Attribute, Level, Value};
 use crate::interfaces::lift::{self, Allowance, InGuest, Lifted, WireAttribute};
-use crate::observability::cost::{HostCalls, HostInterface};
 use crate::observability::logs;
 use crate::observability::metrics::{DroppedGuestTelemetry, Metrics};
+use crate::observability::record::RequestRecord;
+use crate::observability::record::{HostCalls, HostInterface};
 use crate::observability::request_span::{self, RequestSpan};
-use crate::observability::routes::{self, Label, MatchedRoute, RouteTemplates};
+use crate::observability::routes::{self, Label, RouteTemplates};
 
 /// The `target` of every log event the guest reports.
 pub const GUEST_TARGET: &str = "guest";
@@ -67,8 +68,8 @@ pub struct GuestTelemetry {
     enabled: bool,
     /// The request's server span: the parent of every span the guest opens.
     request_span: RequestSpan,
-    /// The route the guest names for this request, shared with the server that labels it.
-    matched_route: Arc<MatchedRoute>,
+    /// The request's record, where the route the guest names goes.
+    record: Arc<RequestRecord>,
     /// The templates the serving guest has named.
     route_templates: Arc<RouteTemplates>,
     /// The host's metrics; `None` for requests the host sends itself.
@@ -133,18 +134,17 @@ impl OpenSpan {
 
 impl GuestTelemetry {
     /// Telemetry of a request inside `request_span`: the route its guest names goes to
-    /// `matched_route`, labelled by `route_templates`; what its quotas drop is counted in
-    /// `metrics`.
+    /// `record`, labelled by `route_templates`; what its quotas drop is counted in `metrics`.
     pub fn new(
         request_span: RequestSpan,
-        matched_route: Arc<MatchedRoute>,
+        record: Arc<RequestRecord>,
         route_templates: Arc<RouteTemplates>,
         metrics: Option<Arc<Metrics>>,
     ) -> GuestTelemetry {
         GuestTelemetry {
             enabled: true,
             request_span,
-            matched_route,
+            record,
             route_templates,
             metrics,
             open: Vec::new(),
@@ -391,7 +391,7 @@ impl GuestTelemetry {
                 Arc::from(routes::OTHER)
             }
         };
-        if let Some(first) = self.matched_route.set(route) {
+        if let Some(first) = self.record.name_route(route) {
             // Only the request's first route reaches its span (and so its log lines) now.
             self.request_span.record_route(&first);
         }
@@ -620,16 +620,16 @@ mod tests {
     fn a_named_route_labels_the_request_and_what_is_not_a_template_is_other() {
         let mut telemetry = request();
         set_route(&mut telemetry, "/api/orders/{id}");
-        assert_eq!(&*telemetry.matched_route.answer().0, "/api/orders/{id}");
+        assert_eq!(&*telemetry.record.route().0, "/api/orders/{id}");
         set_route(&mut telemetry, "not a template");
-        assert_eq!(&*telemetry.matched_route.answer().0, routes::OTHER);
+        assert_eq!(&*telemetry.record.route().0, routes::OTHER);
     }
 
     #[test]
     fn the_hosts_own_probe_records_no_route_and_no_span() {
         let mut telemetry = GuestTelemetry::off();
         set_route(&mut telemetry, "/api/health");
-        assert_eq!(&*telemetry.matched_route.answer().0, routes::UNMATCHED);
+        assert_eq!(&*telemetry.record.route().0, routes::UNMATCHED);
         open_span(&mut telemetry, 1, "probe");
         assert!(telemetry.open.is_empty());
         assert_eq!(telemetry.end_all(), DroppedGuestTelemetry::default());

@@ -16,11 +16,10 @@ use uuid::Uuid;
 use wasmtime::StoreContextMut;
 use wasmtime::component::{Linker, WasmStr};
 
-use crate::error::HostFault;
 use crate::interfaces::bindings::users::{CreateError, StoreError, User};
 use crate::interfaces::lift::{self, InGuest};
-use crate::observability::cost::{HostCalls, HostInterface};
 use crate::observability::metrics::{LookupResult, Metrics};
+use crate::observability::record::{HostCalls, HostInterface, RequestRecord};
 use crate::observability::request_span;
 use crate::user_store::{self, Unavailable, UserStore};
 
@@ -47,32 +46,31 @@ pub struct UserCalls {
     store: Arc<UserStore>,
     /// The host's metrics; `None` for requests the host sends itself.
     metrics: Option<Arc<Metrics>>,
-    /// Where a failed call is recorded for the request's ERROR line; `None` for requests the
-    /// host sends itself.
-    host_fault: Option<Arc<HostFault>>,
+    /// The request's record, where a failed call goes for its ERROR line.
+    record: Arc<RequestRecord>,
     /// Spans still to give, against [`MAX_STORE_SPANS_PER_REQUEST`]; none for the host's own
     /// requests.
     spans_left: u32,
 }
 
 impl UserCalls {
-    /// Calls of a request on `store`, counted in `metrics`, their first failure recorded in
-    /// `host_fault`.
-    pub fn new(store: Arc<UserStore>, metrics: Arc<Metrics>, host_fault: Arc<HostFault>) -> Self {
+    /// Calls of a request on `store`, counted in `metrics`, their first failure noted in
+    /// `record`.
+    pub fn new(store: Arc<UserStore>, metrics: Arc<Metrics>, record: Arc<RequestRecord>) -> Self {
         UserCalls {
             store,
             metrics: Some(metrics),
-            host_fault: Some(host_fault),
+            record,
             spans_left: MAX_STORE_SPANS_PER_REQUEST,
         }
     }
 
-    /// Calls of a request the host sends itself (a probe): no spans, metrics or fault lines.
-    pub fn quiet(store: Arc<UserStore>) -> Self {
+    /// Calls of a request the host sends itself (a probe): no spans or metrics.
+    pub fn quiet(store: Arc<UserStore>, record: Arc<RequestRecord>) -> Self {
         UserCalls {
             store,
             metrics: None,
-            host_fault: None,
+            record,
             spans_left: 0,
         }
     }
@@ -174,9 +172,8 @@ impl UserCalls {
             };
             let _current = request_span::attach_for_log_records(in_span);
             tracing::debug!(operation = call.label(), reason, "user store call failed");
-            if let Some(fault) = &self.host_fault {
-                fault.record(|| format!("user store call {} failed: {reason}", call.label()));
-            }
+            self.record
+                .fault(|| format!("user store call {} failed: {reason}", call.label()));
         }
         span.span().end();
         outcome
@@ -334,11 +331,7 @@ mod tests {
     use super::*;
 
     fn request(store: &Arc<UserStore>) -> UserCalls {
-        UserCalls::new(
-            Arc::clone(store),
-            Arc::new(Metrics::new()),
-            Arc::new(HostFault::default()),
-        )
+        UserCalls::new(Arc::clone(store), Arc::new(Metrics::new()), Arc::default())
     }
 
     fn outside() -> Context {
@@ -422,6 +415,6 @@ mod tests {
         assert_eq!(calls.spans_left, 0);
         calls.span(StoreCall::Get, &outside());
         assert_eq!(calls.spans_left, 0);
-        assert_eq!(UserCalls::quiet(store).spans_left, 0);
+        assert_eq!(UserCalls::quiet(store, Arc::default()).spans_left, 0);
     }
 }

@@ -13,16 +13,16 @@
 //! - [`log_writer`]: the lines' way to stdout and the log file, batched by one thread;
 //! - [`metrics`]: every instrument, and the `/metrics` page;
 //! - [`routes`]: the route templates guests name, a bounded set of labels per guest;
-//! - [`cost`]: what each request's instance cost (time, memory, host calls), for its span and
-//!   the per-route metrics.
+//! - [`record`]: what the host learns of each request while serving it (its route, a host
+//!   fault, its instance's cost), for its span, log line and metrics.
 
-pub mod cost;
 pub mod jaeger_agent;
 pub mod log_writer;
 pub mod logs;
 pub mod metrics;
 pub mod otlp;
 pub mod pipeline;
+pub mod record;
 pub mod request_fields;
 pub mod request_span;
 pub mod routes;

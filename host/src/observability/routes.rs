@@ -118,44 +118,6 @@ fn is_template(template: &str) -> bool {
         && template.bytes().all(|byte| byte.is_ascii_graphic())
 }
 
-/// The route one request matched, as its guest named it; shared by the request's store (which
-/// sets it) and the server (which labels the request with it). It also remembers which route the
-/// request's span already carries: an OpenTelemetry span appends an attribute at every set,
-/// so a guest naming routes in a loop must not reach the span each time.
-#[derive(Debug, Default)]
-pub struct MatchedRoute(Mutex<Named>);
-
-#[derive(Debug, Default)]
-struct Named {
-    /// The last route named.
-    route: Option<Arc<str>>,
-    /// The route recorded on the span, if one was.
-    on_span: Option<Arc<str>>,
-}
-
-impl MatchedRoute {
-    /// Records the request's route (the last one named wins). Returns it when the span should
-    /// carry it now, that is when it is the request's first.
-    pub fn set(&self, route: Arc<str>) -> Option<Arc<str>> {
-        let mut named = self.0.lock().unwrap_or_else(PoisonError::into_inner);
-        named.route = Some(Arc::clone(&route));
-        if named.on_span.is_some() {
-            return None;
-        }
-        named.on_span = Some(Arc::clone(&route));
-        Some(route)
-    }
-
-    /// The route named last, or [`UNMATCHED`]; and whether the span still needs it recorded
-    /// (it carries none, or an earlier one).
-    pub fn answer(&self) -> (Arc<str>, bool) {
-        let named = self.0.lock().unwrap_or_else(PoisonError::into_inner);
-        let route = named.route.clone().unwrap_or_else(|| Arc::from(UNMATCHED));
-        let on_span = named.on_span.as_ref() == Some(&route);
-        (route, !on_span)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -197,18 +159,6 @@ mod tests {
                 "{bad:?}"
             );
         }
-    }
-
-    #[test]
-    fn a_request_that_names_no_route_is_unmatched_and_the_last_named_wins() {
-        let matched = MatchedRoute::default();
-        assert_eq!(matched.answer(), (Arc::from(UNMATCHED), true));
-        assert_eq!(matched.set(Arc::from("/a")), Some(Arc::from("/a")));
-        assert_eq!(matched.answer(), (Arc::from("/a"), false));
-        // Later routes are not recorded on the span until the answer, and then only if new.
-        assert_eq!(matched.set(Arc::from("/b")), None);
-        assert_eq!(matched.set(Arc::from("/b")), None);
-        assert_eq!(matched.answer(), (Arc::from("/b"), true));
     }
 
     #[test]

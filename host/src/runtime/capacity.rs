@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use wasmtime::{ResourceLimiter, StoreLimits, StoreLimitsBuilder};
 
-use crate::observability::cost::RequestCost;
+use crate::observability::record::RequestRecord;
 use crate::runtime::held::HeldObjects;
 use crate::runtime::pool::{BudgetSpent, MemoryBudget, MemoryPool, StackPool};
 use crate::runtime::slots::InstanceSlots;
@@ -102,8 +102,8 @@ impl GuestCapacity {
     }
 
     /// The limiter of one instance's store: its own bounds, and the host-wide budget; the
-    /// memory it grants, and the budget's refusals, go to `cost`.
-    pub fn limiter(&self, cost: Arc<RequestCost>) -> InstanceLimiter {
+    /// memory it grants, and the budget's refusals, go to the request's `record`.
+    pub fn limiter(&self, record: Arc<RequestRecord>) -> InstanceLimiter {
         InstanceLimiter {
             own: StoreLimitsBuilder::new()
                 .memory_size(self.limits.memory_bytes)
@@ -113,7 +113,7 @@ impl GuestCapacity {
                 .instances(CORE_INSTANCES_PER_COMPONENT)
                 .build(),
             budget: Some(Arc::clone(&self.budget)),
-            cost,
+            record,
         }
     }
 
@@ -143,9 +143,9 @@ impl GuestCapacity {
 pub struct InstanceLimiter {
     own: StoreLimits,
     budget: Option<Arc<MemoryBudget>>,
-    /// Where the memory granted is added up (memories never shrink, so the sum is the
-    /// high-water mark), and the budget's refusals said.
-    cost: Arc<RequestCost>,
+    /// The request's record: the memory granted is added up in its cost (memories never
+    /// shrink, so the sum is the high-water mark), and the budget's refusals said.
+    record: Arc<RequestRecord>,
 }
 
 impl ResourceLimiter for InstanceLimiter {
@@ -162,17 +162,17 @@ impl ResourceLimiter for InstanceLimiter {
         if let Some(budget) = &self.budget
             && !budget.has_room_for(more)
         {
-            self.cost.refused_by_budget();
+            self.record.cost.refused_by_budget();
             return Ok(false);
         }
-        self.cost.memory_grew(more);
+        self.record.cost.memory_grew(more);
         Ok(true)
     }
 
     fn memory_grow_failed(&mut self, error: wasmtime::Error) -> wasmtime::Result<()> {
         // Another instance took the last of the budget between this one's check and its growth.
         if error.is::<BudgetSpent>() {
-            self.cost.refused_by_budget();
+            self.record.cost.refused_by_budget();
         }
         self.own.memory_grow_failed(error)
     }
@@ -250,13 +250,13 @@ mod tests {
         let mut limits = limits(1, 0);
         limits.memory_budget_bytes = 2 << 20;
         let capacity = GuestCapacity::new(limits);
-        let cost = Arc::new(RequestCost::default());
-        let mut limiter = capacity.limiter(Arc::clone(&cost));
+        let record = Arc::new(RequestRecord::default());
+        let mut limiter = capacity.limiter(Arc::clone(&record));
         assert!(
             !limiter.memory_growing(0, 2 << 20, None).unwrap(),
             "own limit"
         );
-        assert!(!cost.was_over_budget());
+        assert!(!record.cost.was_over_budget());
         let _hold = capacity
             .memories
             .new_memory(MemoryType::new(1, None), 1 << 20, None, Some(0), 0)
@@ -266,6 +266,6 @@ mod tests {
             .new_memory(MemoryType::new(1, None), 1 << 20, None, Some(0), 0)
             .unwrap();
         assert!(!limiter.memory_growing(0, 65536, None).unwrap(), "budget");
-        assert!(cost.was_over_budget());
+        assert!(record.cost.was_over_budget());
     }
 }

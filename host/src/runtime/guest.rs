@@ -11,7 +11,7 @@ use wasmtime_wasi_http::p2::bindings::http::types::Scheme;
 
 use crate::error::{RequestError, bounded_debug, one_line};
 use crate::interfaces::bindings::ServicePre;
-use crate::observability::cost::{RequestCost, timed};
+use crate::observability::record::timed;
 use crate::observability::request_fields::in_current_request;
 use crate::observability::request_span::in_log_context;
 use crate::observability::routes::RouteTemplates;
@@ -87,16 +87,15 @@ impl Guest {
         let held = self.capacity.held_objects(request.headers());
         let metrics = context.metrics();
         let body_metrics = metrics.clone();
-        let cost = Arc::new(RequestCost::default());
-        let cost_report = context.cost_report(Arc::clone(&cost));
+        let record = Arc::clone(context.record());
+        let cost_report = context.cost_report();
         let deadline = Instant::now() + self.limits.request_timeout;
         let mut store = new_store(
             self.pre.engine(),
             context,
             Arc::clone(&self.route_templates),
-            self.capacity.limiter(Arc::clone(&cost)),
+            self.capacity.limiter(Arc::clone(&record)),
             held,
-            Arc::clone(&cost),
             Outbound {
                 rules: Arc::clone(&self.outbound),
                 deadline,
@@ -127,7 +126,7 @@ impl Guest {
         let backstop = self.limits.request_timeout + Duration::from_secs(1);
         let instance_permit = permit.clone();
         // Read once the instance has ended, to tell the host's shortage from the guest's fault.
-        let spent = Arc::clone(&cost);
+        let spent = Arc::clone(&record);
         // Boxed where it is made: the instance's future (linking and the guest's call inside)
         // is kilobytes large, and each wrapper and the spawn would otherwise copy it whole.
         let instance = Box::pin(async move {
@@ -141,7 +140,7 @@ impl Guest {
                 let started = Instant::now();
                 let service = pre.instantiate_async(&mut store).await?;
                 let took = started.elapsed();
-                cost.instantiated(took);
+                record.cost.instantiated(took);
                 if let Some(metrics) = metrics {
                     metrics.observe_instantiation(took);
                 }
@@ -150,7 +149,7 @@ impl Guest {
                     .call_handle(&mut store, request, response_out)
                     .await
             };
-            tokio::time::timeout(backstop, timed(exchange, &cost))
+            tokio::time::timeout(backstop, timed(exchange, &record.cost))
                 .await
                 .unwrap_or_else(|_| Err(DeadlineExceeded.into()))
         });
@@ -182,7 +181,7 @@ impl Guest {
                 // (a refused new memory reaches here only as wasmtime's text of the refusal),
                 // or the objects it made on the host's side did not fit.
                 Ok(Err(trap))
-                    if spent.was_over_budget()
+                    if spent.cost.was_over_budget()
                         || trap
                             .downcast_ref::<TooMuchHeld>()
                             .is_some_and(TooMuchHeld::by_budget)

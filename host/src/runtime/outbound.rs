@@ -22,7 +22,7 @@ use opentelemetry::{Context, KeyValue};
 use opentelemetry_http::HeaderInjector;
 use wasmtime_wasi_http::{Error, RequestOptions, WasiBody};
 
-use crate::error::HostFault;
+use crate::observability::record::RequestRecord;
 use crate::observability::request_span;
 
 /// The largest answer head an outgoing call reads (hyper's read buffer bound, as the edge's).
@@ -107,8 +107,8 @@ pub struct OutgoingCalls {
     deadline: Instant,
     /// The span the calls' client spans start under.
     parent: Context,
-    /// Where a denial goes, for the request's ERROR line; `None` for the host's own probes.
-    fault: Option<Arc<HostFault>>,
+    /// The request's record, where a denial goes for its ERROR line.
+    record: Arc<RequestRecord>,
     /// Calls made so far, allowed or denied.
     made: usize,
     /// The connections of the calls sent, closed when the request's instance ends.
@@ -128,18 +128,19 @@ impl Drop for OutgoingCalls {
 }
 
 impl OutgoingCalls {
-    /// The calls of a request due by `deadline`, within `rules`, traced under `parent`.
+    /// The calls of a request due by `deadline`, within `rules`, traced under `parent`, their
+    /// denials noted in `record`.
     pub fn new(
         rules: Arc<OutboundRules>,
         deadline: Instant,
         parent: Context,
-        fault: Option<Arc<HostFault>>,
+        record: Arc<RequestRecord>,
     ) -> OutgoingCalls {
         OutgoingCalls {
             rules,
             deadline,
             parent,
-            fault,
+            record,
             made: 0,
             connections: Arc::default(),
         }
@@ -178,11 +179,8 @@ impl OutgoingCalls {
             let destination =
                 &destination[..destination.floor_char_boundary(MAX_LOGGED_DESTINATION)];
             tracing::warn!(destination, cause, "outgoing request denied");
-            if let Some(fault) = &self.fault {
-                fault.record(|| {
-                    format!("its outgoing request to {destination} was denied: {cause}")
-                });
-            }
+            self.record
+                .fault(|| format!("its outgoing request to {destination} was denied: {cause}"));
             return Err(Error::HttpRequestDenied);
         }
         // A method the guest made up is `_OTHER`, as the conventions say: a span name from a
@@ -370,7 +368,8 @@ mod tests {
     fn a_request_makes_at_most_its_calls_allowed_or_not() {
         let rules = OutboundRules::parse("http://127.0.0.1:9").unwrap();
         let deadline = Instant::now() + std::time::Duration::from_secs(1);
-        let mut calls = OutgoingCalls::new(Arc::new(rules), deadline, Context::new(), None);
+        let mut calls =
+            OutgoingCalls::new(Arc::new(rules), deadline, Context::new(), Arc::default());
         assert!(
             calls.send(call_to("http://127.0.0.1:10/"), None).is_err(),
             "not allowed"

@@ -19,15 +19,14 @@ use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 use wasmtime_wasi_http::p2::bindings::http::types::ErrorCode;
 use wasmtime_wasi_http::{WasiHttpCtx, WasiHttpCtxView, WasiHttpHooks, WasiHttpView};
 
-use crate::error::HostFault;
 use crate::interfaces::otel::{GuestOtel, OtelView};
 use crate::interfaces::stdio::{GuestOutput, Stream};
 use crate::interfaces::telemetry::{GuestTelemetry, TelemetryView};
 use crate::interfaces::users::{UserCalls, UsersView};
-use crate::observability::cost::{CostReport, HostCalls, HostInterface, RequestCost};
 use crate::observability::metrics::Metrics;
+use crate::observability::record::{CostReport, HostCalls, HostInterface, RequestRecord};
 use crate::observability::request_span::RequestSpan;
-use crate::observability::routes::{MatchedRoute, RouteTemplates};
+use crate::observability::routes::RouteTemplates;
 use crate::runtime::capacity::InstanceLimiter;
 use crate::runtime::held::{BODY_BUFFER_CHUNKS, BODY_CHUNK_BYTES, FIELDS_LIMIT_BYTES, HeldObjects};
 use crate::runtime::outbound::{OutboundRules, OutgoingCalls};
@@ -45,6 +44,8 @@ pub struct RequestContext {
     /// The client's address, for its share of the instance slots; `None` for requests the
     /// host sends itself.
     peer: Option<IpAddr>,
+    /// What the host learns of the request while serving it: its route, a fault, its cost.
+    record: Arc<RequestRecord>,
     /// Where the request is reported; `None` for requests the host sends itself.
     reporting: Option<Reporting>,
 }
@@ -54,31 +55,25 @@ struct Reporting {
     metrics: Arc<Metrics>,
     /// The request's server span: the parent of every span the guest opens.
     request_span: RequestSpan,
-    /// Where the route the guest names goes, for the server that labels the answer.
-    matched_route: Arc<MatchedRoute>,
-    /// Where the first thing that failed on the host's side goes, for the request's ERROR line.
-    host_fault: Arc<HostFault>,
 }
 
 impl RequestContext {
-    /// A client's request from `peer` inside `request_span`, on `users`, counted in `metrics`:
-    /// the route its guest names goes to `matched_route`, a store failure to `host_fault`.
+    /// A client's request from `peer` inside `request_span`, on `users`, counted in `metrics`,
+    /// what is learnt of it while serving it kept in `record`.
     pub fn new(
         users: Arc<UserStore>,
         peer: Option<IpAddr>,
         metrics: Arc<Metrics>,
         request_span: RequestSpan,
-        matched_route: Arc<MatchedRoute>,
-        host_fault: Arc<HostFault>,
+        record: Arc<RequestRecord>,
     ) -> RequestContext {
         RequestContext {
             users,
             peer,
+            record,
             reporting: Some(Reporting {
                 metrics,
                 request_span,
-                matched_route,
-                host_fault,
             }),
         }
     }
@@ -89,6 +84,7 @@ impl RequestContext {
         RequestContext {
             users,
             peer: None,
+            record: Arc::default(),
             reporting: None,
         }
     }
@@ -98,13 +94,17 @@ impl RequestContext {
         self.peer
     }
 
-    /// Where `cost` is reported when the instance ends, if the request is a client's.
-    pub fn cost_report(&self, cost: Arc<RequestCost>) -> Option<CostReport> {
+    /// What the host learns of the request while serving it.
+    pub fn record(&self) -> &Arc<RequestRecord> {
+        &self.record
+    }
+
+    /// What reports the instance's cost when it ends, if the request is a client's.
+    pub fn cost_report(&self) -> Option<CostReport> {
         self.reporting.as_ref().map(|reporting| CostReport {
             span: reporting.request_span.clone(),
             metrics: Arc::clone(&reporting.metrics),
-            route: Arc::clone(&reporting.matched_route),
-            cost,
+            record: Arc::clone(&self.record),
         })
     }
 
@@ -131,8 +131,8 @@ pub struct RequestState {
     limits: InstanceLimiter,
     /// What the objects in `table` hold of the memory budget.
     held: HeldObjects,
-    /// What the instance costs; its host calls are counted here.
-    cost: Arc<RequestCost>,
+    /// What the host learns of the request; its host calls are counted in its cost.
+    record: Arc<RequestRecord>,
 }
 
 /// What one request's outgoing calls may reach, and until when.
@@ -145,18 +145,20 @@ pub struct Outbound {
 
 /// The store of one request described by `context`, for an instance of a guest whose route
 /// labels are `route_templates`, within `limits`, its objects' weight charged to `held`, its
-/// outgoing calls within `outbound`; its host calls are counted in `cost`.
+/// outgoing calls within `outbound`.
 pub fn new_store(
     engine: &Engine,
     context: RequestContext,
     route_templates: Arc<RouteTemplates>,
     limits: InstanceLimiter,
     held: HeldObjects,
-    cost: Arc<RequestCost>,
     outbound: Outbound,
 ) -> Store<RequestState> {
     let RequestContext {
-        users, reporting, ..
+        users,
+        record,
+        reporting,
+        ..
     } = context;
     let calls = OutgoingCalls::new(
         outbound.rules,
@@ -166,9 +168,7 @@ pub fn new_store(
             .map_or_else(opentelemetry::Context::new, |reporting| {
                 reporting.request_span.context().clone()
             }),
-        reporting
-            .as_ref()
-            .map(|reporting| Arc::clone(&reporting.host_fault)),
+        Arc::clone(&record),
     );
     let output = GuestOutput::new(reporting.as_ref().map(|reporting| {
         (
@@ -178,15 +178,18 @@ pub fn new_store(
     }));
     let (users, telemetry) = match reporting {
         Some(reporting) => (
-            UserCalls::new(users, Arc::clone(&reporting.metrics), reporting.host_fault),
+            UserCalls::new(users, Arc::clone(&reporting.metrics), Arc::clone(&record)),
             GuestTelemetry::new(
                 reporting.request_span,
-                reporting.matched_route,
+                Arc::clone(&record),
                 route_templates,
                 Some(reporting.metrics),
             ),
         ),
-        None => (UserCalls::quiet(users), GuestTelemetry::off()),
+        None => (
+            UserCalls::quiet(users, Arc::clone(&record)),
+            GuestTelemetry::off(),
+        ),
     };
     let wasi = WasiCtx::builder()
         .stdout(output.stream(Stream::Stdout))
@@ -209,7 +212,7 @@ pub fn new_store(
         otel: GuestOtel::default(),
         limits,
         held,
-        cost,
+        record,
     };
     let mut store = Store::new(engine, state);
     store.limiter(|state| &mut state.limits);
@@ -244,7 +247,7 @@ impl OtelView for RequestState {
 
 impl HostCalls for RequestState {
     fn count_call(&mut self, interface: HostInterface) {
-        self.cost.called(interface);
+        self.record.cost.called(interface);
     }
 }
 

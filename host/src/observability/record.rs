@@ -1,17 +1,86 @@
-//! What one request's instance cost: the time to instantiate it, the time it ran, its linear
-//! memory's high-water mark and the host calls it made per interface. Measured as the instance
-//! runs, reported once when it ends (answered, trapped, or stopped at its deadline), on the
-//! request's server span (`wasm.*` attributes) and in the per-route `wasm_*` metrics.
+//! One request's record: what the host learns of a request while serving it. The route its
+//! guest named, the first thing that failed on the host's side, and what its instance cost (the
+//! time to instantiate it, the time it ran, its linear memory's high-water mark and the host calls
+//! it made per interface). Made where the request enters, shared with every part that adds to it
+//! (the guest's `telemetry` calls, the store calls, the memory limiter, outgoing calls), and read
+//! when the answer is traced, logged and counted; the cost is reported once the instance ends
+//! (answered, trapped, or stopped at its deadline), on the request's server span (`wasm.*`
+//! attributes) and in the per-route `wasm_*` metrics.
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use opentelemetry::KeyValue;
 
 use crate::observability::metrics::Metrics;
 use crate::observability::request_span::RequestSpan;
-use crate::observability::routes::MatchedRoute;
+use crate::observability::routes::UNMATCHED;
+
+/// What the host learns of one request while serving it, shared by everything that serves it.
+#[derive(Debug, Default)]
+pub struct RequestRecord {
+    named: Mutex<Named>,
+    /// What its instance costs; only grows, so it needs no lock.
+    pub cost: RequestCost,
+}
+
+#[derive(Debug, Default)]
+struct Named {
+    /// The last route the guest (or the host, for its own page) named.
+    route: Option<Arc<str>>,
+    /// The route recorded on the span, if one was: an OpenTelemetry span appends an attribute
+    /// at every set, so a guest naming routes in a loop must not reach the span each time.
+    route_on_span: Option<Arc<str>>,
+    /// What failed on the host's side, for the request's one ERROR or WARN line.
+    fault: Option<String>,
+}
+
+impl RequestRecord {
+    fn named(&self) -> MutexGuard<'_, Named> {
+        self.named.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Records the request's route (the last one named wins). Returns it when the span should
+    /// carry it now, that is when it is the request's first.
+    pub fn name_route(&self, route: Arc<str>) -> Option<Arc<str>> {
+        let mut named = self.named();
+        named.route = Some(Arc::clone(&route));
+        if named.route_on_span.is_some() {
+            return None;
+        }
+        named.route_on_span = Some(Arc::clone(&route));
+        Some(route)
+    }
+
+    /// The route named last, or [`UNMATCHED`]; and whether the span still needs it recorded
+    /// (it carries none, or an earlier one).
+    pub fn route(&self) -> (Arc<str>, bool) {
+        let named = self.named();
+        let route = named.route.clone().unwrap_or_else(|| Arc::from(UNMATCHED));
+        let on_span = named.route_on_span.as_ref() == Some(&route);
+        (route, !on_span)
+    }
+
+    /// Records what failed on the host's side, unless an earlier fault is recorded: the first
+    /// explains the rest.
+    pub fn fault(&self, cause: impl FnOnce() -> String) {
+        let mut named = self.named();
+        if named.fault.is_none() {
+            named.fault = Some(cause());
+        }
+    }
+
+    /// Records `cause` in place of any earlier fault: the one that decided the answer.
+    pub fn deciding_fault(&self, cause: String) {
+        self.named().fault = Some(cause);
+    }
+
+    /// The recorded fault, if any.
+    pub fn take_fault(&self) -> Option<String> {
+        self.named().fault.take()
+    }
+}
 
 /// The host's own interfaces a guest may call, each counted apart. WASI calls (`wasi:http`,
 /// clocks, random) are not counted: they are wasmtime's, linked unwrapped.
@@ -60,8 +129,8 @@ pub trait HostCalls {
     fn count_call(&mut self, interface: HostInterface);
 }
 
-/// One request's instance cost, shared between its store (which counts) and the task that
-/// reports it. Every counter only grows, so relaxed atomics suffice.
+/// One request's instance cost, counted by its store and reported by its task. Every counter
+/// only grows, so relaxed atomics suffice.
 #[derive(Debug, Default)]
 pub struct RequestCost {
     instantiation_nanos: AtomicU64,
@@ -141,10 +210,8 @@ pub struct CostReport {
     pub span: RequestSpan,
     /// Where the per-route `wasm_*` metrics are.
     pub metrics: Arc<Metrics>,
-    /// The route the guest named, their label.
-    pub route: Arc<MatchedRoute>,
-    /// What is reported.
-    pub cost: Arc<RequestCost>,
+    /// The request's record: its cost is reported, labelled with its route.
+    pub record: Arc<RequestRecord>,
 }
 
 impl Drop for CostReport {
@@ -152,7 +219,7 @@ impl Drop for CostReport {
     /// request is over). A host interface never called gets no attribute (the span must still
     /// fit 128 to a datagram).
     fn drop(&mut self) {
-        let reading = self.cost.read();
+        let reading = self.record.cost.read();
         let memory_peak = i64::try_from(reading.memory_peak).unwrap_or(i64::MAX);
         let host_calls = HostInterface::ALL
             .map(|interface| (interface.name(), reading.host_calls[interface as usize]));
@@ -174,7 +241,7 @@ impl Drop for CostReport {
             // Set all at once: one lock of the span.
             self.span.set_attributes(attributes);
         }
-        let (route, _) = self.route.answer();
+        let (route, _) = self.record.route();
         self.metrics.observe_instance_cost(
             &route,
             reading.instantiation,
@@ -230,6 +297,30 @@ mod tests {
             HostInterface::Otel
         );
         assert_eq!(reading.host_calls, [1, 0, 2]);
+    }
+
+    #[test]
+    fn a_request_that_names_no_route_is_unmatched_and_the_last_named_wins() {
+        let record = RequestRecord::default();
+        assert_eq!(record.route(), (Arc::from(UNMATCHED), true));
+        assert_eq!(record.name_route(Arc::from("/a")), Some(Arc::from("/a")));
+        assert_eq!(record.route(), (Arc::from("/a"), false));
+        // Later routes are not recorded on the span until the answer, and then only if new.
+        assert_eq!(record.name_route(Arc::from("/b")), None);
+        assert_eq!(record.name_route(Arc::from("/b")), None);
+        assert_eq!(record.route(), (Arc::from("/b"), true));
+    }
+
+    #[test]
+    fn the_first_fault_is_kept_unless_a_later_one_decided_the_answer() {
+        let record = RequestRecord::default();
+        record.fault(|| "store down".into());
+        record.fault(|| "store still down".into());
+        assert_eq!(record.take_fault().as_deref(), Some("store down"));
+        assert_eq!(record.take_fault(), None);
+        record.fault(|| "store down".into());
+        record.deciding_fault("deadline".into());
+        assert_eq!(record.take_fault().as_deref(), Some("deadline"));
     }
 
     #[test]
