@@ -11,6 +11,7 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use hyper_util::client::legacy::connect::HttpConnector;
 use opentelemetry::context::{Context, FutureExt as _};
 use opentelemetry_otlp::{RetryPolicy, WithExportConfig, WithHttpConfig, WithTonicConfig};
 use opentelemetry_sdk::Resource;
@@ -164,13 +165,32 @@ fn grpc_channel(
     settings: &OtlpSettings,
     timeout: Duration,
 ) -> Result<tonic::transport::Channel, OTelSdkError> {
-    Ok(
-        tonic::transport::Channel::from_shared(settings.endpoint.clone())
-            .map_err(unbuilt)?
-            .connect_timeout(timeout)
-            .timeout(timeout)
-            .connect_lazy(),
-    )
+    let mut connector = HttpConnector::new();
+    connector.enforce_http(false);
+    connector.set_nodelay(true);
+    bounded_channel(&settings.endpoint, timeout, connector)
+}
+
+/// A lazily connected channel to `endpoint` through `connector`, whose every connection, the
+/// name lookup included, is given up after `timeout`: tonic's own connector bounds only the TCP
+/// connect, after a lookup that a silent name server holds for as long as the system's resolver
+/// waits, while a connector given to tonic is bounded whole.
+fn bounded_channel<C>(
+    endpoint: &str,
+    timeout: Duration,
+    connector: C,
+) -> Result<tonic::transport::Channel, OTelSdkError>
+where
+    C: tower_service::Service<http::Uri> + Send + 'static,
+    C::Response: hyper::rt::Read + hyper::rt::Write + Send + Unpin,
+    C::Future: Send,
+    C::Error: std::error::Error + Send + Sync + 'static,
+{
+    Ok(tonic::transport::Channel::from_shared(endpoint.to_owned())
+        .map_err(unbuilt)?
+        .connect_timeout(timeout)
+        .timeout(timeout)
+        .connect_with_connector_lazy(connector))
 }
 
 /// The span exporter to `settings`' collector, each export over HTTP given up after `timeout`
@@ -283,5 +303,41 @@ impl opentelemetry_http::HttpClient for OnRuntime {
         Self: 'call,
     {
         Box::pin(self.send(request))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_grpc_connection_whose_name_lookup_never_ends_is_given_up_at_the_timeout() {
+        use tower_service::Service as _;
+        // A connector that never connects: what a name server that never answers looks like.
+        let never = tower::service_fn(|_: http::Uri| {
+            std::future::pending::<
+                Result<hyper_util::rt::TokioIo<tokio::net::TcpStream>, std::io::Error>,
+            >()
+        });
+        let mut channel = bounded_channel(
+            "http://collector.invalid:4317",
+            Duration::from_millis(200),
+            never,
+        )
+        .unwrap();
+        let call = async {
+            std::future::poll_fn(|context| channel.poll_ready(context)).await?;
+            channel
+                .call(http::Request::new(tonic::body::Body::empty()))
+                .await
+        };
+        let started = Instant::now();
+        let outcome = tokio::time::timeout(Duration::from_secs(10), call).await;
+        assert!(matches!(outcome, Ok(Err(_))), "the call was not given up");
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "{:?}",
+            started.elapsed()
+        );
     }
 }
