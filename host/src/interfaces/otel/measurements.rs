@@ -11,7 +11,7 @@
 
 use opentelemetry::KeyValue;
 use wasmtime::StoreContextMut;
-use wasmtime::component::WasmList;
+use wasmtime::component::{Lift, WasmList};
 
 use super::OtelView;
 use super::wire::{WireHistogram, WireMetric, WireMetricData, WirePoint, WireResourceMetrics};
@@ -62,27 +62,17 @@ pub(super) fn export<T: OtelView>(
         return Ok(Ok(()));
     }
     let mut budget = Budget { dropped: 0 };
-    let scopes = &exported.scope_metrics;
-    for index in 0..scopes.len() {
-        if !take_point(store) {
-            budget.dropped += (scopes.len() - index) as u64;
-            break;
-        }
-        let Some(scope) = scopes.get(&mut *store, index) else {
-            break;
-        };
-        let metrics = scope?.metrics;
-        for index in 0..metrics.len() {
-            if !take_point(store) {
-                budget.dropped += (metrics.len() - index) as u64;
-                break;
-            }
-            let Some(metric) = metrics.get(&mut *store, index) else {
-                break;
-            };
-            record_metric(store, &metric?, &mut budget)?;
-        }
-    }
+    within_quota(
+        store,
+        &exported.scope_metrics,
+        &mut budget,
+        0,
+        |store, scope, budget| {
+            within_quota(store, &scope.metrics, budget, 0, |store, metric, budget| {
+                record_metric(store, &metric, budget)
+            })
+        },
+    )?;
     let (_, telemetry) = store.data_mut().otel();
     telemetry.drop_metric_points(budget.dropped);
     Ok(if budget.dropped == 0 {
@@ -95,14 +85,31 @@ pub(super) fn export<T: OtelView>(
     })
 }
 
-/// Takes one item off the request's metric quota; `false` once it is spent.
-fn take_point<T: OtelView>(store: &mut StoreContextMut<'_, T>) -> bool {
-    let (otel, _) = store.data_mut().otel();
-    if otel.metric_points == 0 {
-        return false;
+/// Reads each item of `list` in turn and gives it to `each`, as long as the request's metric
+/// quota allows: every item past the first `free` takes one off it, and those past the quota
+/// are counted dropped in `budget`.
+fn within_quota<T: OtelView, E: Lift + 'static>(
+    store: &mut StoreContextMut<'_, T>,
+    list: &WasmList<E>,
+    budget: &mut Budget,
+    free: usize,
+    mut each: impl FnMut(&mut StoreContextMut<'_, T>, E, &mut Budget) -> wasmtime::Result<()>,
+) -> wasmtime::Result<()> {
+    for index in 0..list.len() {
+        if index >= free {
+            let (otel, _) = store.data_mut().otel();
+            if otel.metric_points == 0 {
+                budget.dropped += (list.len() - index) as u64;
+                break;
+            }
+            otel.metric_points -= 1;
+        }
+        let Some(item) = list.get(&mut *store, index) else {
+            break;
+        };
+        each(store, item?, budget)?;
     }
-    otel.metric_points -= 1;
-    true
+    Ok(())
 }
 
 /// One metric's points, each recorded or counted as dropped.
@@ -207,54 +214,53 @@ fn record_histogram<'a, T: OtelView>(
         histogram.temporality,
         Temporality::Delta | Temporality::LowMemory
     );
-    let points = &histogram.data_points;
-    for index in 0..points.len() {
-        if index > 0 && !take_point(store) {
-            budget.dropped += (points.len() - index) as u64;
-            break;
-        }
-        let Some(point) = points.get(&mut *store, index) else {
-            break;
-        };
-        let point = point?;
-        let bounds = numbers(store, &point.bounds, MAX_HISTOGRAM_BOUNDS)?;
-        let counts = numbers(store, &point.bucket_counts, MAX_HISTOGRAM_BOUNDS + 1)?;
-        let attributes = attributes(store, name, &point.attributes)?;
-        let (Some(bounds), Some(counts), Some((attributes, series))) = (bounds, counts, attributes)
-        else {
-            budget.dropped += 1;
-            continue;
-        };
-        let seen = Seen::Histogram {
-            count: point.count,
-            sum: number(point.sum),
-            buckets: counts,
-        };
-        let (otel, _) = store.data_mut().otel();
-        let before = cumulative.then(|| otel.last_values.get(&series)).flatten();
-        let Ok(values) = added_measurements(&bounds, &seen, before) else {
-            budget.dropped += 1;
-            continue;
-        };
-        let measurements: u64 = values.iter().map(|(_, times)| times).sum();
-        if measurements > otel.histogram_measurements {
-            budget.dropped += 1;
-            continue;
-        }
-        otel.histogram_measurements -= measurements;
-        if cumulative {
-            otel.last_values.insert(series, seen);
-        }
-        if !values.is_empty() {
-            observe(
-                store,
-                kind(GuestValue::Histogram { bounds, values }),
-                &attributes,
-                budget,
-            );
-        }
-    }
-    Ok(())
+    // A metric's first point was paid for with the metric.
+    within_quota(
+        store,
+        &histogram.data_points,
+        budget,
+        1,
+        |store, point, budget| {
+            let bounds = numbers(store, &point.bounds, MAX_HISTOGRAM_BOUNDS)?;
+            let counts = numbers(store, &point.bucket_counts, MAX_HISTOGRAM_BOUNDS + 1)?;
+            let attributes = attributes(store, name, &point.attributes)?;
+            let (Some(bounds), Some(counts), Some((attributes, series))) =
+                (bounds, counts, attributes)
+            else {
+                budget.dropped += 1;
+                return Ok(());
+            };
+            let seen = Seen::Histogram {
+                count: point.count,
+                sum: number(point.sum),
+                buckets: counts,
+            };
+            let (otel, _) = store.data_mut().otel();
+            let before = cumulative.then(|| otel.last_values.get(&series)).flatten();
+            let Ok(values) = added_measurements(&bounds, &seen, before) else {
+                budget.dropped += 1;
+                return Ok(());
+            };
+            let measurements: u64 = values.iter().map(|(_, times)| times).sum();
+            if measurements > otel.histogram_measurements {
+                budget.dropped += 1;
+                return Ok(());
+            }
+            otel.histogram_measurements -= measurements;
+            if cumulative {
+                otel.last_values.insert(series, seen);
+            }
+            if !values.is_empty() {
+                observe(
+                    store,
+                    kind(GuestValue::Histogram { bounds, values }),
+                    &attributes,
+                    budget,
+                );
+            }
+            Ok(())
+        },
+    )
 }
 
 /// A histogram point that is not one: bounds not ascending and finite, not one bucket count
@@ -349,26 +355,19 @@ fn each_point<'a, T: OtelView>(
         MetricNumber,
     ) -> Option<GuestMeasurement<'a>>,
 ) -> wasmtime::Result<()> {
-    for index in 0..points.len() {
-        if index > 0 && !take_point(store) {
-            budget.dropped += (points.len() - index) as u64;
-            break;
-        }
-        let Some(point) = points.get(&mut *store, index) else {
-            break;
-        };
-        let point = point?;
+    // A metric's first point was paid for with the metric.
+    within_quota(store, points, budget, 1, |store, point, budget| {
         let Some((attributes, series)) = attributes(store, name, &point.attributes)? else {
             budget.dropped += 1;
-            continue;
+            return Ok(());
         };
         let (otel, _) = store.data_mut().otel();
         match value_of(&mut otel.last_values, &series, point.value) {
             Some(measurement) => observe(store, measurement, &attributes, budget),
             None => budget.dropped += 1,
         }
-    }
-    Ok(())
+        Ok(())
+    })
 }
 
 /// Records `measurement` in the host's instruments, or counts it dropped.
