@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::connect::dns::GaiResolver;
 use opentelemetry::context::{Context, FutureExt as _};
 use opentelemetry_otlp::{RetryPolicy, WithExportConfig, WithHttpConfig, WithTonicConfig};
 use opentelemetry_sdk::Resource;
@@ -165,27 +166,32 @@ fn grpc_channel(
     settings: &OtlpSettings,
     timeout: Duration,
 ) -> Result<tonic::transport::Channel, OTelSdkError> {
-    let mut connector = HttpConnector::new();
-    connector.enforce_http(false);
-    connector.set_nodelay(true);
-    bounded_channel(&settings.endpoint, timeout, connector)
+    channel_resolving_with(&settings.endpoint, timeout, GaiResolver::new())
 }
 
-/// A lazily connected channel to `endpoint` through `connector`, whose every connection, the
-/// name lookup included, is given up after `timeout`: tonic's own connector bounds only the TCP
-/// connect, after a lookup that a silent name server holds for as long as the system's resolver
-/// waits, while a connector given to tonic is bounded whole.
-fn bounded_channel<C>(
+/// A lazily connected channel to `endpoint`, its names looked up by `resolver`, whose every
+/// connection, the lookup included, is given up after `timeout`. tonic's own connector bounds
+/// only the TCP connects, after a lookup that a silent name server holds for as long as the
+/// system's resolver waits; a connector given to tonic is bounded whole. Inside, as in tonic's
+/// own, each of a name's addresses gets its share of `timeout`, so one that drops every packet
+/// does not keep the next from being tried.
+fn channel_resolving_with<R>(
     endpoint: &str,
     timeout: Duration,
-    connector: C,
+    resolver: R,
 ) -> Result<tonic::transport::Channel, OTelSdkError>
 where
-    C: tower_service::Service<http::Uri> + Send + 'static,
-    C::Response: hyper::rt::Read + hyper::rt::Write + Send + Unpin,
-    C::Future: Send,
-    C::Error: std::error::Error + Send + Sync + 'static,
+    HttpConnector<R>: tower_service::Service<http::Uri> + Send + 'static,
+    <HttpConnector<R> as tower_service::Service<http::Uri>>::Response:
+        hyper::rt::Read + hyper::rt::Write + Send + Unpin,
+    <HttpConnector<R> as tower_service::Service<http::Uri>>::Future: Send,
+    <HttpConnector<R> as tower_service::Service<http::Uri>>::Error:
+        std::error::Error + Send + Sync + 'static,
 {
+    let mut connector = HttpConnector::new_with_resolver(resolver);
+    connector.enforce_http(false);
+    connector.set_nodelay(true);
+    connector.set_connect_timeout(Some(timeout));
     Ok(tonic::transport::Channel::from_shared(endpoint.to_owned())
         .map_err(unbuilt)?
         .connect_timeout(timeout)
@@ -313,16 +319,15 @@ mod tests {
     #[tokio::test]
     async fn a_grpc_connection_whose_name_lookup_never_ends_is_given_up_at_the_timeout() {
         use tower_service::Service as _;
-        // A connector that never connects: what a name server that never answers looks like.
-        let never = tower::service_fn(|_: http::Uri| {
-            std::future::pending::<
-                Result<hyper_util::rt::TokioIo<tokio::net::TcpStream>, std::io::Error>,
-            >()
+        // A name server that never answers.
+        let silent = tower::service_fn(|_: hyper_util::client::legacy::connect::dns::Name| {
+            std::future::pending::<Result<std::vec::IntoIter<std::net::SocketAddr>, std::io::Error>>(
+            )
         });
-        let mut channel = bounded_channel(
+        let mut channel = channel_resolving_with(
             "http://collector.invalid:4317",
             Duration::from_millis(200),
-            never,
+            silent,
         )
         .unwrap();
         let call = async {
