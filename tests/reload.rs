@@ -3,13 +3,15 @@
 
 mod support;
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 use support::jaeger::Agent;
+use support::swaps::{
+    answers_while_swapping, assert_every_answer_ok, health, replace_by_rename, wait_for_version,
+};
 use support::{Host, client, guest_path};
 
 const REAL_VERSION: &str = "0.1.0";
@@ -20,31 +22,6 @@ fn live_guest() -> PathBuf {
     let live = support::tempdir().join("live.wasm");
     std::fs::copy(guest_path("guest"), &live).unwrap();
     live
-}
-
-/// Replaces `live` with `source` the way `cargo` and editors do: write aside, then rename.
-fn replace_by_rename(live: &Path, source: &Path) {
-    let aside = live.with_extension("next");
-    std::fs::copy(source, &aside).unwrap();
-    std::fs::rename(&aside, live).unwrap();
-}
-
-async fn health(host: &Host) -> (u16, Value) {
-    let response = client().get(host.url("/api/health")).send().await.unwrap();
-    let status = response.status().as_u16();
-    (status, response.json().await.unwrap_or(Value::Null))
-}
-
-/// Polls `/api/health` until it reports `version`, or panics after 20 s.
-async fn wait_for_version(host: &Host, version: &str) {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while health(host).await.1["version"] != version {
-        assert!(
-            Instant::now() < deadline,
-            "the guest never became version {version}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
 }
 
 async fn reloads(host: &Host, result: &str) -> f64 {
@@ -61,52 +38,17 @@ fn count_lines(host: &Host, message: &str) -> usize {
 async fn ten_swaps_under_steady_load_fail_not_one_request() {
     let live = live_guest();
     let host = Arc::new(Host::builder().guest_at(&live).start());
-    let stop = Arc::new(AtomicBool::new(false));
-    let load: Vec<_> = (0..4)
-        .map(|_| {
-            let (host, stop) = (Arc::clone(&host), Arc::clone(&stop));
-            tokio::spawn(async move {
-                let mut answers = Vec::new();
-                while !stop.load(Ordering::Relaxed) {
-                    answers.push(health(&host).await);
-                }
-                answers
-            })
+    let swaps: Vec<_> = (0..10)
+        .map(|swap| {
+            if swap % 2 == 0 {
+                (guest_path("minimal-guest"), MINIMAL_VERSION)
+            } else {
+                (guest_path("guest"), REAL_VERSION)
+            }
         })
         .collect();
-
-    for swap in 0..10 {
-        let (source, version) = if swap % 2 == 0 {
-            (guest_path("minimal-guest"), MINIMAL_VERSION)
-        } else {
-            (guest_path("guest"), REAL_VERSION)
-        };
-        replace_by_rename(&live, &source);
-        host.signal("HUP");
-        wait_for_version(&host, version).await;
-    }
-    stop.store(true, Ordering::Relaxed);
-
-    let mut answers = Vec::new();
-    for task in load {
-        answers.extend(task.await.unwrap());
-    }
-    let failed: Vec<_> = answers
-        .iter()
-        .filter(|(status, _)| *status != 200)
-        .collect();
-    assert!(
-        failed.is_empty(),
-        "{} of {} requests failed: {failed:?}",
-        failed.len(),
-        answers.len()
-    );
-    for version in [REAL_VERSION, MINIMAL_VERSION] {
-        assert!(
-            answers.iter().any(|(_, body)| body["version"] == version),
-            "{version} never served"
-        );
-    }
+    let answers = answers_while_swapping(&host, &live, &swaps).await;
+    assert_every_answer_ok(&answers, &[REAL_VERSION, MINIMAL_VERSION]);
     assert_eq!(reloads(&host, "success").await, 10.0);
     assert_eq!(reloads(&host, "failure").await, 0.0);
     let reloaded = host.wait_for_log(|line| {

@@ -7,6 +7,7 @@ pub mod lists;
 pub mod otlp;
 pub mod postgres;
 pub mod prometheus;
+pub mod swaps;
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
