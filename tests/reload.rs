@@ -10,7 +10,8 @@ use std::time::{Duration, Instant};
 use serde_json::{Value, json};
 use support::jaeger::Agent;
 use support::swaps::{
-    answers_while_swapping, assert_every_answer_ok, health, replace_by_rename, wait_for_version,
+    alternating, answers_while_swapping, assert_every_answer_ok, health, replace_by_rename,
+    wait_for_version,
 };
 use support::{Host, client, guest_path};
 
@@ -38,15 +39,11 @@ fn count_lines(host: &Host, message: &str) -> usize {
 async fn ten_swaps_under_steady_load_fail_not_one_request() {
     let live = live_guest();
     let host = Arc::new(Host::builder().guest_at(&live).start());
-    let swaps: Vec<_> = (0..10)
-        .map(|swap| {
-            if swap % 2 == 0 {
-                (guest_path("minimal-guest"), MINIMAL_VERSION)
-            } else {
-                (guest_path("guest"), REAL_VERSION)
-            }
-        })
-        .collect();
+    let swaps = alternating(
+        (guest_path("minimal-guest"), MINIMAL_VERSION),
+        (guest_path("guest"), REAL_VERSION),
+        10,
+    );
     let answers = answers_while_swapping(&host, &live, &swaps).await;
     assert_every_answer_ok(&answers, &[REAL_VERSION, MINIMAL_VERSION]);
     assert_eq!(reloads(&host, "success").await, 10.0);

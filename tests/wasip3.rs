@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
-use support::swaps::{answers_while_swapping, assert_every_answer_ok};
+use support::swaps::{alternating, answers_while_swapping, assert_every_answer_ok};
 use support::{Host, client, get, guest_path};
 
 /// The p3 fixture's version (tests/fixtures/p3-guest).
@@ -110,15 +110,11 @@ async fn swapping_between_a_wasip2_and_a_wasip3_guest_fails_not_one_request() {
     let live = support::tempdir().join("live.wasm");
     std::fs::copy(guest_path("minimal-guest"), &live).unwrap();
     let host = Arc::new(Host::builder().guest_at(&live).start());
-    let swaps: Vec<_> = (0..6)
-        .map(|swap| {
-            if swap % 2 == 0 {
-                (guest_path("p3-guest"), P3_VERSION)
-            } else {
-                (guest_path("minimal-guest"), P2_VERSION)
-            }
-        })
-        .collect();
+    let swaps = alternating(
+        (guest_path("p3-guest"), P3_VERSION),
+        (guest_path("minimal-guest"), P2_VERSION),
+        6,
+    );
     let answers = answers_while_swapping(&host, &live, &swaps).await;
     assert_every_answer_ok(&answers, &[P2_VERSION, P3_VERSION]);
 }

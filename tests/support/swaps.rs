@@ -36,6 +36,23 @@ pub async fn wait_for_version(host: &Host, version: &str) {
     }
 }
 
+/// `swaps` swaps that alternate between `first` and `second` (a component and its version).
+pub fn alternating<'a>(
+    first: (PathBuf, &'a str),
+    second: (PathBuf, &'a str),
+    swaps: usize,
+) -> Vec<(PathBuf, &'a str)> {
+    (0..swaps)
+        .map(|swap| {
+            if swap % 2 == 0 {
+                first.clone()
+            } else {
+                second.clone()
+            }
+        })
+        .collect()
+}
+
 /// Four clients asking `/api/health` without pause while `live` becomes each of `swaps` in turn
 /// (its component and the version it reports), with a `SIGHUP` and a wait for that version each
 /// time: every answer they got.
