@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use super::{Host, client};
+use super::{Host, get};
 
 /// Replaces `live` with `source` the way `cargo` and editors do: write aside, then rename.
 pub fn replace_by_rename(live: &Path, source: &Path) {
@@ -19,9 +19,7 @@ pub fn replace_by_rename(live: &Path, source: &Path) {
 
 /// `GET /api/health`: the status and the JSON body (`null` when the body is not JSON).
 pub async fn health(host: &Host) -> (u16, Value) {
-    let response = client().get(host.url("/api/health")).send().await.unwrap();
-    let status = response.status().as_u16();
-    (status, response.json().await.unwrap_or(Value::Null))
+    get(host, "/api/health").await
 }
 
 /// Polls `/api/health` until it reports `version`, or panics after 20 s.
