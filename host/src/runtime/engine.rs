@@ -10,10 +10,9 @@ use wasmtime::component::Linker;
 use wasmtime::{Engine, InstanceAllocationStrategy};
 
 use crate::error::Error;
-use crate::interfaces::bindings::ServicePre;
 use crate::runtime::cache::{CacheOutcome, ComponentCache};
 use crate::runtime::capacity::{GuestCapacity, GuestLimits};
-use crate::runtime::guest::Guest;
+use crate::runtime::guest::{Guest, HandlerPre};
 use crate::runtime::outbound::OutboundRules;
 use crate::runtime::pool::{self, POOL_TRIM_PERIOD};
 use crate::runtime::store::RequestState;
@@ -48,6 +47,8 @@ impl Runtime {
         let link = |linker: &mut Linker<RequestState>| -> wasmtime::Result<()> {
             wasmtime_wasi::p2::add_to_linker_async(linker)?;
             wasmtime_wasi_http::p2::add_only_http_to_linker_async(linker)?;
+            wasmtime_wasi::p3::add_to_linker(linker)?;
+            wasmtime_wasi_http::p3::add_to_linker(linker)?;
             crate::interfaces::users::add_to_linker(linker)?;
             crate::interfaces::telemetry::add_to_linker(linker)?;
             crate::interfaces::otel::add_to_linker(linker)?;
@@ -95,7 +96,7 @@ impl Runtime {
             source,
         })?;
         let instance_pre = self.linker.instantiate_pre(&component).map_err(invalid)?;
-        let pre = ServicePre::new(instance_pre).map_err(invalid)?;
+        let pre = HandlerPre::new(instance_pre).map_err(invalid)?;
         let guest = Guest::new(
             pre,
             self.limits,
@@ -112,6 +113,8 @@ fn engine_config(capacity: &GuestCapacity) -> wasmtime::Config {
     let mut config = wasmtime::Config::new();
     config
         .epoch_interruption(true)
+        // WASIp3 guests: `stream` and `future` types and async lifts and lowers.
+        .wasm_component_model_async(true)
         .allocation_strategy(InstanceAllocationStrategy::OnDemand);
     pool::configure(
         &mut config,

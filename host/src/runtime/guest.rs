@@ -1,13 +1,19 @@
 //! A loaded guest: pre-instantiated once, instantiated afresh for every request
-//! ([`Guest::handle`]), within its deadline, slots and memory budget.
+//! ([`Guest::handle`]), within its deadline, slots and memory budget. A guest answers through
+//! WASIp2's `wasi:http/incoming-handler@0.2` or WASIp3's `wasi:http/handler@0.3.0`; everything
+//! around the call is the same for both.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tokio::sync::oneshot;
-use wasmtime::{Store, UpdateDeadline};
+use wasmtime::component::InstancePre;
+use wasmtime::error::Context as _;
+use wasmtime::{Engine, Store, UpdateDeadline};
 use wasmtime_wasi_http::WasiHttpView;
 use wasmtime_wasi_http::p2::bindings::http::types::Scheme;
+use wasmtime_wasi_http::p2::body::HyperOutgoingBody;
+use wasmtime_wasi_http::p3;
 
 use crate::error::{RequestError, bounded_debug, one_line};
 use crate::interfaces::bindings::ServicePre;
@@ -37,10 +43,47 @@ impl std::fmt::Display for DeadlineExceeded {
 
 impl std::error::Error for DeadlineExceeded {}
 
+/// A guest's export that answers requests, linked and ready to be instantiated.
+#[derive(Clone)]
+pub(crate) enum HandlerPre {
+    /// `wasi:http/incoming-handler@0.2.x`: the response goes out through an outparam.
+    P2(ServicePre<RequestState>),
+    /// `wasi:http/handler@0.3.0`: the response is returned, its body a stream the guest writes
+    /// while the instance's event loop runs.
+    P3(p3::bindings::ServicePre<RequestState>),
+}
+
+impl HandlerPre {
+    /// The handler `instance_pre` exports: WASIp2's, else WASIp3's.
+    pub(crate) fn new(instance_pre: InstancePre<RequestState>) -> wasmtime::Result<HandlerPre> {
+        match ServicePre::new(instance_pre.clone()) {
+            Ok(p2) => Ok(HandlerPre::P2(p2)),
+            Err(not_p2) => p3::bindings::ServicePre::new(instance_pre)
+                .map(HandlerPre::P3)
+                .map_err(|_| {
+                    not_p2.context(
+                        "it exports neither wasi:http/incoming-handler@0.2 nor \
+                         wasi:http/handler@0.3.0",
+                    )
+                }),
+        }
+    }
+
+    fn engine(&self) -> &Engine {
+        match self {
+            HandlerPre::P2(pre) => pre.engine(),
+            HandlerPre::P3(pre) => pre.engine(),
+        }
+    }
+}
+
+/// What a guest answered: its response, or the error code it gave instead (as bounded text).
+type Answer = Result<http::Response<HyperOutgoingBody>, String>;
+
 /// A loaded guest, ready to be instantiated.
 #[derive(Clone)]
 pub struct Guest {
-    pre: ServicePre<RequestState>,
+    pre: HandlerPre,
     limits: GuestLimits,
     /// The pools and slots every instance of every guest shares.
     capacity: Arc<GuestCapacity>,
@@ -54,7 +97,7 @@ impl Guest {
     /// A guest of `pre`, whose instances live within `limits`, share `capacity` and may call
     /// what `outbound` allows.
     pub(crate) fn new(
-        pre: ServicePre<RequestState>,
+        pre: HandlerPre,
         limits: GuestLimits,
         capacity: Arc<GuestCapacity>,
         outbound: Arc<OutboundRules>,
@@ -110,17 +153,8 @@ impl Guest {
                 Ok(UpdateDeadline::Yield(1))
             }
         });
-        let (sender, receiver) = oneshot::channel();
-        let setup = |store: &mut Store<RequestState>| -> wasmtime::Result<_> {
-            let request = store
-                .data_mut()
-                .http()
-                .new_incoming_request(Scheme::Http, request)?;
-            let response_out = store.data_mut().http().new_response_outparam(sender)?;
-            Ok((request, response_out))
-        };
-        let (request, response_out) = setup(&mut store).map_err(RequestError::Setup)?;
-        let pre = self.pre.clone();
+        let (call, answer) =
+            Call::new(&self.pre, &mut store, request).map_err(RequestError::Setup)?;
         // A guest blocked in a host call (a client that does not read its body, a slow store)
         // cannot be interrupted by epochs: this is the backstop, for the whole exchange.
         let backstop = self.limits.request_timeout + Duration::from_secs(1);
@@ -138,16 +172,13 @@ impl Guest {
             let mut store = store;
             let exchange = async {
                 let started = Instant::now();
-                let service = pre.instantiate_async(&mut store).await?;
-                let took = started.elapsed();
-                record.cost.instantiated(took);
-                if let Some(metrics) = metrics {
-                    metrics.observe_instantiation(took);
-                }
-                service
-                    .wasi_http_incoming_handler()
-                    .call_handle(&mut store, request, response_out)
-                    .await
+                let instantiated = |took: Duration| {
+                    record.cost.instantiated(took);
+                    if let Some(metrics) = metrics {
+                        metrics.observe_instantiation(took);
+                    }
+                };
+                call.run(&mut store, started, instantiated).await
             };
             tokio::time::timeout(backstop, timed(exchange, &record.cost))
                 .await
@@ -158,7 +189,7 @@ impl Guest {
         // is the current one here.
         let instance = in_log_context(instance, opentelemetry::Context::current);
         let task = tokio::spawn(in_current_request(instance));
-        let Ok(answer) = tokio::time::timeout(backstop, receiver).await else {
+        let Ok(answer) = tokio::time::timeout(backstop, answer.receive()).await else {
             task.abort();
             return Err(RequestError::Timeout);
         };
@@ -169,10 +200,7 @@ impl Guest {
                     .start_streaming(&permit, task.abort_handle());
                 Ok(response.map(|body| GuestBody::new(body, task, body_metrics)))
             }
-            Ok(Err(code)) => Err(RequestError::ErrorCode(bounded_debug(
-                &code,
-                MAX_ERROR_CODE_TEXT,
-            ))),
+            Ok(Err(code)) => Err(RequestError::ErrorCode(code)),
             // The sender is dropped with the store: the task has ended without a response.
             Err(_) => Err(match task.await {
                 Ok(Ok(())) => RequestError::NoResponse,
@@ -194,4 +222,167 @@ impl Guest {
             }),
         }
     }
+}
+
+/// One request's call of a guest's handler, its request already in the store.
+enum Call {
+    P2 {
+        pre: ServicePre<RequestState>,
+        request: wasmtime::component::Resource<wasmtime_wasi_http::p2::types::HostIncomingRequest>,
+        response_out:
+            wasmtime::component::Resource<wasmtime_wasi_http::p2::types::HostResponseOutparam>,
+    },
+    P3 {
+        pre: p3::bindings::ServicePre<RequestState>,
+        request: p3::Request,
+        /// Ends when the request's body has gone to the guest, with how that went.
+        request_io:
+            std::pin::Pin<Box<dyn Future<Output = Result<(), wasmtime_wasi_http::Error>> + Send>>,
+        answer: oneshot::Sender<Answer>,
+    },
+}
+
+impl Call {
+    /// The call of `pre` with `request`, and where its answer comes.
+    fn new<B>(
+        pre: &HandlerPre,
+        store: &mut Store<RequestState>,
+        request: http::Request<B>,
+    ) -> wasmtime::Result<(Call, AnswerReceiver)>
+    where
+        B: http_body::Body<Data = bytes::Bytes> + Send + 'static,
+        B::Error: Into<wasmtime_wasi_http::Error>,
+    {
+        match pre {
+            HandlerPre::P2(pre) => {
+                let request = store
+                    .data_mut()
+                    .http()
+                    .new_incoming_request(Scheme::Http, request)?;
+                let (sender, receiver) = oneshot::channel();
+                let response_out = store.data_mut().http().new_response_outparam(sender)?;
+                let call = Call::P2 {
+                    pre: pre.clone(),
+                    request,
+                    response_out,
+                };
+                Ok((call, AnswerReceiver::P2(receiver)))
+            }
+            HandlerPre::P3(pre) => {
+                let request = with_absolute_uri(request)?;
+                let hooks = store.data_mut().http().hooks;
+                let (request, request_io) = p3::Request::from_http(hooks, request);
+                let (sender, receiver) = oneshot::channel();
+                let call = Call::P3 {
+                    pre: pre.clone(),
+                    request,
+                    request_io: Box::pin(request_io),
+                    answer: sender,
+                };
+                Ok((call, AnswerReceiver::P3(receiver)))
+            }
+        }
+    }
+
+    /// Instantiates the guest in `store`, saying how long that took to `instantiated`, and
+    /// runs the call until the instance has nothing left to do.
+    async fn run(
+        self,
+        store: &mut Store<RequestState>,
+        started: Instant,
+        instantiated: impl FnOnce(Duration),
+    ) -> wasmtime::Result<()> {
+        match self {
+            Call::P2 {
+                pre,
+                request,
+                response_out,
+            } => {
+                let service = pre.instantiate_async(&mut *store).await?;
+                instantiated(started.elapsed());
+                service
+                    .wasi_http_incoming_handler()
+                    .call_handle(&mut *store, request, response_out)
+                    .await
+            }
+            Call::P3 {
+                pre,
+                request,
+                request_io,
+                answer,
+            } => {
+                let service = pre.instantiate_async(&mut *store).await?;
+                instantiated(started.elapsed());
+                store
+                    .run_concurrent(async move |accessor| {
+                        match service.handle(accessor, request).await? {
+                            Ok(response) => {
+                                let response = accessor.with(|mut store| {
+                                    response.into_http_with_getter(
+                                        &mut store,
+                                        request_io,
+                                        <RequestState as WasiHttpView>::http,
+                                    )
+                                })?;
+                                let _ = answer.send(Ok(response));
+                            }
+                            Err(code) => {
+                                let _ = answer.send(Err(bounded_debug(&code, MAX_ERROR_CODE_TEXT)));
+                                return Ok(());
+                            }
+                        }
+                        // The body is a stream the guest writes from its tasks: the instance
+                        // runs until none is left.
+                        std::future::poll_fn(|context| accessor.poll_no_interesting_tasks(context))
+                            .await;
+                        wasmtime::Result::<()>::Ok(())
+                    })
+                    .await?
+            }
+        }
+    }
+}
+
+/// Where a call's answer comes: WASIp2's outparam, or the WASIp3 call's own.
+enum AnswerReceiver {
+    P2(
+        oneshot::Receiver<
+            Result<
+                http::Response<HyperOutgoingBody>,
+                wasmtime_wasi_http::p2::bindings::http::types::ErrorCode,
+            >,
+        >,
+    ),
+    P3(oneshot::Receiver<Answer>),
+}
+
+impl AnswerReceiver {
+    /// The answer; `Err` when the instance ended without one.
+    async fn receive(self) -> Result<Answer, oneshot::error::RecvError> {
+        match self {
+            AnswerReceiver::P2(receiver) => Ok(receiver
+                .await?
+                .map_err(|code| bounded_debug(&code, MAX_ERROR_CODE_TEXT))),
+            AnswerReceiver::P3(receiver) => receiver.await,
+        }
+    }
+}
+
+/// `request` with a URI that names its scheme and authority, as a WASIp3 request carries them:
+/// the server's request has only its path, and the authority in `Host`.
+fn with_absolute_uri<B>(request: http::Request<B>) -> wasmtime::Result<http::Request<B>> {
+    let (mut parts, body) = request.into_parts();
+    let authority = parts
+        .headers
+        .get(http::header::HOST)
+        .and_then(|host| http::uri::Authority::try_from(host.as_bytes()).ok());
+    let mut uri = std::mem::take(&mut parts.uri).into_parts();
+    if uri.authority.is_none() {
+        uri.authority = authority;
+    }
+    if uri.scheme.is_none() && uri.authority.is_some() {
+        uri.scheme = Some(http::uri::Scheme::HTTP);
+    }
+    parts.uri = http::Uri::from_parts(uri).context("the request's target")?;
+    Ok(http::Request::from_parts(parts, body))
 }

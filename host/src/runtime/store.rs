@@ -36,6 +36,11 @@ use crate::user_store::UserStore;
 /// than a request needs, far fewer than wasmtime's default million, which a guest leaking
 /// handles in a loop turns into gigabytes of host memory.
 pub const MAX_RESOURCES_PER_REQUEST: usize = 16 * 1024;
+/// Handles one request's component instance may hold at once in its own tables: resources it
+/// holds, and a WASIp3 guest's streams, futures and subtasks, each a few hundred bytes of the
+/// host's memory. wasmtime's default of 100,000 let a guest making streams in a loop hold 29 MB
+/// before it trapped; the same bound as the resources above suffices for any request.
+pub const MAX_COMPONENT_HANDLES_PER_REQUEST: usize = MAX_RESOURCES_PER_REQUEST;
 
 /// What the host knows of one request before its guest runs.
 pub struct RequestContext {
@@ -215,6 +220,7 @@ pub fn new_store(
         record,
     };
     let mut store = Store::new(engine, state);
+    store.set_max_component_handles(MAX_COMPONENT_HANDLES_PER_REQUEST);
     store.limiter(|state| &mut state.limits);
     store.call_hook(|mut store, transition| {
         if !matches!(transition, CallHook::ReturningFromHost) {
