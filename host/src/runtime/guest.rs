@@ -380,8 +380,13 @@ fn with_absolute_uri<B>(request: http::Request<B>) -> wasmtime::Result<http::Req
     if uri.authority.is_none() {
         uri.authority = authority;
     }
-    if uri.scheme.is_none() && uri.authority.is_some() {
+    // Plain HTTP is all this host serves, whatever an absolute target says; an
+    // authority-form target (`CONNECT host:port`) has no path of its own.
+    if uri.authority.is_some() {
         uri.scheme = Some(http::uri::Scheme::HTTP);
+    }
+    if uri.path_and_query.is_none() {
+        uri.path_and_query = Some(http::uri::PathAndQuery::from_static("/"));
     }
     parts.uri = http::Uri::from_parts(uri).context("the request's target")?;
     Ok(http::Request::from_parts(parts, body))

@@ -15,10 +15,10 @@ use std::sync::Arc;
 
 use http::{HeaderMap, HeaderName, HeaderValue};
 use wasmtime::component::ResourceTable;
-use wasmtime_wasi_http::FieldMap;
 use wasmtime_wasi_http::p2::bindings::http::types::Method;
 use wasmtime_wasi_http::p2::body::HostOutgoingBody;
 use wasmtime_wasi_http::p2::types::{HostOutgoingRequest, HostOutgoingResponse};
+use wasmtime_wasi_http::{FieldMap, p3};
 
 use crate::runtime::pool::MemoryBudget;
 
@@ -167,6 +167,20 @@ fn weight(object: &(dyn Any + Send), fields_bytes: usize) -> usize {
             + body_weight(response.body.is_some(), fields_bytes)
     } else if object.type_id() == TypeId::of::<HostOutgoingBody>() {
         BODY_BUFFER_BYTES
+    } else if let Some(request) = object.downcast_ref::<p3::Request>() {
+        // A WASIp3 message holds its headers and strings itself, and its body's chunk in flight.
+        let strings = request.method.as_str().len()
+            + request
+                .authority
+                .as_ref()
+                .map_or(0, |authority| authority.as_str().len())
+            + request
+                .path_with_query
+                .as_ref()
+                .map_or(0, |path| path.as_str().len());
+        map_weight(&request.headers, fields_bytes) + BODY_BUFFER_BYTES + strings
+    } else if let Some(response) = object.downcast_ref::<p3::Response>() {
+        map_weight(&response.headers, fields_bytes) + BODY_BUFFER_BYTES
     } else {
         OTHER_OBJECT_BYTES
     }

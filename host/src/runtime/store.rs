@@ -314,4 +314,9 @@ impl WasiHttpHooks for OutgoingRequests {
     fn p2_outgoing_body_chunk_size(&mut self) -> usize {
         BODY_CHUNK_BYTES
     }
+
+    // A WASIp3 body's chunk: the same as a WASIp2 one's, not the 1 MiB default.
+    fn p3_outgoing_body_chunk_size(&mut self) -> usize {
+        BODY_CHUNK_BYTES
+    }
 }
