@@ -78,6 +78,9 @@ contenders = [
     ("wasmtime-serve-python", "wasmtime serve + Python guest, GET /hello"),
     ("host-js", "our host + JavaScript guest (componentize-js), GET /hello"),
     ("wasmtime-serve-js", "wasmtime serve + JavaScript guest, GET /hello"),
+    ("host-p3", "our host + WASIp3 guest, a fresh instance per request"),
+    ("wasmtime-serve-p3-fresh", "wasmtime serve + WASIp3 guest, fresh per request (--max-instance-reuse-count 1)"),
+    ("wasmtime-serve-p3-reuse", "wasmtime serve + WASIp3 guest, its default reuse (128 requests, 16 at once)"),
 ]
 runs = {name: read(name) for name, _ in contenders}
 throughput = {name: rps(run) for name, run in runs.items()}
@@ -114,6 +117,12 @@ rows = [
      paired("host-python", "wasmtime-serve-python"), ">= 1.5 (goal 2.0)", lambda v: v >= 1.5, "{:.2f}"),
     ("throughput, host + JavaScript guest / wasmtime serve + JavaScript guest",
      paired("host-js", "wasmtime-serve-js"), ">= 1.5 (goal 2.0)", lambda v: v >= 1.5, "{:.2f}"),
+    ("throughput, host + WASIp3 guest / wasmtime serve + WASIp3 guest, both fresh per request",
+     paired("host-p3", "wasmtime-serve-p3-fresh"), ">= 2.0", lambda v: v >= 2.0, "{:.2f}"),
+    ("headline: host + minimal WASIp2 guest, fresh per request / wasmtime serve + WASIp3 guest, its default reuse",
+     paired("host-minimal", "wasmtime-serve-p3-reuse"), "", None, "{:.2f}"),
+    ("reference: host + WASIp3 guest, fresh per request / wasmtime serve + WASIp3 guest, its default reuse",
+     paired("host-p3", "wasmtime-serve-p3-reuse"), "", None, "{:.2f}"),
     ("throughput, host + real guest (full telemetry) / wasmtime serve + minimal guest",
      paired("host-real", "wasmtime-serve-minimal"), ">= 2.0", lambda v: v >= 2.0, "{:.2f}"),
     ("throughput, host + real guest (full telemetry) / host + minimal guest",

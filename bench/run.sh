@@ -50,6 +50,7 @@ rustup target add wasm32-wasip2 >/dev/null
 # back in.
 cargo build --release --target wasm32-wasip2 -p guest
 cargo build --release --target wasm32-wasip2 -p minimal-guest
+cargo build --release --target wasm32-wasip2 -p p3-guest
 cargo build --release --target wasm32-wasip2 -p hello-nostd
 cargo build --release -p host -p baseline
 # The Python and JavaScript guests, by their own toolchains (make installs them in target/).
@@ -74,7 +75,7 @@ require_free() {
     echo "port $1 is in use: stop what listens there and run again" >&2; exit 1
   fi
 }
-for port in 18081 18082 18083 18084 18085 18086 18087 18088 18089 18091 18092 18093 18094 18095 18096 18097 18098 18099 18100 ${BENCH_BEFORE:+18101} $PG_PORT; do require_free "$port"; done
+for port in 18081 18082 18083 18084 18085 18086 18087 18088 18089 18091 18092 18093 18094 18095 18096 18097 18098 18099 18100 ${BENCH_BEFORE:+18101} 18102 18103 18104 $PG_PORT; do require_free "$port"; done
 
 # Waits until $1 answers $2 (default /api/health); a 20 MB component compiles for seconds.
 wait_ready() {
@@ -194,6 +195,18 @@ measure() {
     host-real-no-export)
       OTEL_TRACES_EXPORTER=none start_host 18092 "$WASM/guest.wasm"
       load "$1" http://127.0.0.1:18092/api/health ;;
+    host-p3)
+      # The WASIp3 fixture, a fresh instance per request, the host's defaults.
+      start_host 18102 "$WASM/p3_guest.wasm"; load "$1" http://127.0.0.1:18102/api/health ;;
+    wasmtime-serve-p3-fresh|wasmtime-serve-p3-reuse)
+      # The same component under `wasmtime serve`: fresh per request, or reusing each instance
+      # as it does by default for WASIp3 (128 requests, 16 at once).
+      command -v wasmtime >/dev/null || return 0
+      local port=18103 reuse=(--max-instance-reuse-count 1)
+      [ "$1" = wasmtime-serve-p3-reuse ] && port=18104 reuse=()
+      wasmtime serve -Scli "${reuse[@]}" --addr "127.0.0.1:$port" "$WASM/p3_guest.wasm" >/dev/null 2>&1 & PIDS+=($!)
+      wait_ready "http://127.0.0.1:$port"
+      load "$1" "http://127.0.0.1:$port/api/health" ;;
     wasmtime-serve-minimal)
       command -v wasmtime >/dev/null || return 0
       wasmtime serve -Scli --addr 127.0.0.1:18084 "$WASM/minimal_guest.wasm" >/dev/null 2>&1 & PIDS+=($!)
@@ -232,7 +245,8 @@ ROUNDS=${BENCH_ROUNDS:-4}
 CONTENDERS=(native-hyper host-minimal host-nostd host-real host-real-otlp
   ${BENCH_BEFORE:+host-before} host-real-otlp-traces host-real-otlp-metrics host-real-otlp-logs
   host-real-otlp-silent host-real-no-export wasmtime-serve-minimal wasmtime-serve-nostd host-python
-  wasmtime-serve-python host-js wasmtime-serve-js)
+  wasmtime-serve-python host-js wasmtime-serve-js host-p3 wasmtime-serve-p3-fresh
+  wasmtime-serve-p3-reuse)
 echo "== throughput (wrk -t2 -c$CONNECTIONS, ${SECONDS_PER_RUN}s each, GET /api/health, /hello for the Python and JavaScript guests, $ROUNDS rounds)"
 command -v wasmtime >/dev/null ||
   echo "  wasmtime serve: skipped, no wasmtime CLI (cargo install wasmtime-cli --version 48.0.8 --locked)"
