@@ -29,7 +29,8 @@ pub const DEFAULT_PROBE_PATH: &str = "/api/health";
 #[derive(Debug, Clone, Args)]
 #[command(next_help_heading = "Guest")]
 pub struct GuestSettings {
-    /// Guest component to serve (a wasi-http component; `make build` produces the default one).
+    /// Guest component to serve (exporting wasi:http/incoming-handler@0.2 or handler@0.3.0;
+    /// `make build` produces the default one).
     #[arg(long, env = "GUEST_COMPONENT", default_value_os_t = built_component("guest"))]
     pub guest: PathBuf,
 
