@@ -86,6 +86,20 @@ async fn load(runtime: &Runtime, crate_name: &str) -> ServingGuest {
     ServingGuest { guest, version }
 }
 
+#[test]
+fn only_a_wasip3_guest_is_compiled_for_the_engine_with_component_model_concurrency() {
+    // With concurrency on, wasmtime runs every call inside its event loop, which costs a WASIp2
+    // request about a quarter of its throughput.
+    let runtime = Runtime::new(ComponentCache::new(tempdir()), GuestLimits::default())
+        .expect("the wasm runtime starts");
+    let (wasip2, _) = runtime.load(&guest_path("guest")).expect("the guest loads");
+    assert!(!wasip2.engine().get_concurrency_support());
+    let (wasip3, _) = runtime
+        .load(&guest_path("p3-guest"))
+        .expect("the WASIp3 fixture loads");
+    assert!(wasip3.engine().get_concurrency_support());
+}
+
 /// `GET path` of `server`, its body parsed as JSON.
 async fn get_json(server: &InProcess, path: &str) -> Value {
     let answer = client().get(server.url(path)).send().await.unwrap();

@@ -1,5 +1,5 @@
 //! What a component must be before the host links it: checks on its binary that wasmtime's own
-//! validation does not make.
+//! validation does not make, and which WASI it serves, to choose its engine.
 
 use wasmparser::{CanonicalFunction, CanonicalOption, Parser, Payload};
 
@@ -26,6 +26,35 @@ pub fn check(bytes: &[u8]) -> Result<(), Refusal> {
     }
     Ok(())
 }
+
+/// Whether `bytes`, a component's binary, exports WASIp3's `wasi:http/handler@0.3` at its top
+/// level (not inside a nested component). Read before wasmtime compiles it, to choose the
+/// engine: bytes that do not parse here are not a WASIp3 guest, and the WASIp2 engine says why.
+pub fn exports_wasip3_handler(bytes: &[u8]) -> bool {
+    // Each module or component, the outer one included, opens with a version and closes with
+    // an end: depth 1 is the outer component.
+    let mut depth = 0usize;
+    for payload in Parser::new(0).parse_all(bytes) {
+        match payload {
+            Ok(Payload::Version { .. }) => depth += 1,
+            Ok(Payload::End(_)) => depth = depth.saturating_sub(1),
+            Ok(Payload::ComponentExportSection(exports)) if depth == 1 => {
+                for export in exports {
+                    let Ok(export) = export else { return false };
+                    if export.name.name.starts_with(WASIP3_HANDLER) {
+                        return true;
+                    }
+                }
+            }
+            Ok(_) => {}
+            Err(_) => return false,
+        }
+    }
+    false
+}
+
+/// The name, less its patch version, of the interface a WASIp3 HTTP guest exports.
+const WASIP3_HANDLER: &str = "wasi:http/handler@0.3.";
 
 /// The non-UTF-8 string encoding of a function that hands the host values, if it has one.
 fn host_bound_encoding(function: &CanonicalFunction) -> Option<&'static str> {
@@ -88,6 +117,51 @@ mod tests {
     fn a_component_that_passes_utf8_strings_is_accepted() {
         check(&component_lowering_get_with("string-encoding=utf8")).unwrap();
         check(&component_lowering_get_with("")).unwrap();
+    }
+
+    /// A component exporting an instance named `name` with one function, at the top level or
+    /// `nested` inside an inner component.
+    fn component_exporting(name: &str, nested: bool) -> Vec<u8> {
+        let export = format!(
+            r#"(core module $m (func (export "f")))
+               (core instance $i (instantiate $m))
+               (func $f (canon lift (core func $i "f")))
+               (instance $handler (export "handle" (func $f)))
+               (export "{name}" (instance $handler))"#
+        );
+        let text = if nested {
+            format!("(component (component {export}))")
+        } else {
+            format!("(component {export})")
+        };
+        wat::parse_str(text).expect("the test component parses")
+    }
+
+    #[test]
+    fn a_component_exporting_the_wasip3_handler_is_served_as_wasip3() {
+        assert!(exports_wasip3_handler(&component_exporting(
+            "wasi:http/handler@0.3.0",
+            false
+        )));
+        assert!(exports_wasip3_handler(&component_exporting(
+            "wasi:http/handler@0.3.1",
+            false
+        )));
+    }
+
+    #[test]
+    fn only_the_outer_components_exports_choose_wasip3() {
+        for (name, nested) in [
+            ("wasi:http/incoming-handler@0.2.6", false),
+            ("wasi:http/handler@0.3.0", true),
+            ("wasi:http/handler@0.30.0", false),
+        ] {
+            assert!(
+                !exports_wasip3_handler(&component_exporting(name, nested)),
+                "{name}, nested: {nested}"
+            );
+        }
+        assert!(!exports_wasip3_handler(b"\0asm\x0d\0\x01\0garbage"));
     }
 
     #[test]

@@ -1,5 +1,10 @@
-//! The wasm engine, its memory and stack pools and epoch ticker, and the linker: built once per
-//! process; loading a component makes a [`Guest`].
+//! The wasm engines, their shared memory and stack pools and epoch ticker, and their linkers:
+//! built once per process; loading a component makes a [`Guest`].
+//!
+//! Two engines, because the component model's concurrency costs every call: with it on, wasmtime
+//! runs even a WASIp2 guest's one synchronous call inside its event loop, which took about a
+//! quarter off a WASIp2 request (`bench/runs/2026-11-29-wasip3-trial.md`). So a WASIp2 guest is
+//! compiled for an engine without it, and only a WASIp3 guest for the engine that has it.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -17,19 +22,48 @@ use crate::runtime::outbound::OutboundRules;
 use crate::runtime::pool::{self, POOL_TRIM_PERIOD};
 use crate::runtime::store::RequestState;
 
-/// The wasm engine and the linker that provides the guest's imports. Built once per process.
+/// The wasm engines and the linkers that provide a guest's imports. Built once per process.
 pub struct Runtime {
-    engine: Engine,
-    linker: Linker<RequestState>,
+    /// For guests exporting `wasi:http/incoming-handler@0.2`: no component-model concurrency.
+    wasip2: Linked,
+    /// For guests exporting `wasi:http/handler@0.3.0`: component-model async, and WASIp3's
+    /// interfaces beside WASIp2's.
+    wasip3: Linked,
     cache: ComponentCache,
     limits: GuestLimits,
     /// The pools, memory budget and instance slots, shared by every guest this runtime loads.
     capacity: Arc<GuestCapacity>,
     /// The destinations guests may call.
     outbound: Arc<OutboundRules>,
-    /// Advances the engine's epoch, which drives deadlines and yields, and trims the pools;
+    /// Advances the engines' epochs, which drive deadlines and yields, and trims the pools;
     /// stops when dropped.
     _ticker: EpochTicker,
+}
+
+/// An engine, and the linker of its guests' imports.
+struct Linked {
+    engine: Engine,
+    linker: Linker<RequestState>,
+}
+
+impl Linked {
+    /// An engine of `config` whose linker has WASIp2 (full: a Rust `std` guest imports
+    /// `wasi:cli` and friends beyond the proxy world), WASIp3 when `wasip3`, and the service's
+    /// own interfaces.
+    fn new(config: &wasmtime::Config, wasip3: bool) -> wasmtime::Result<Linked> {
+        let engine = Engine::new(config)?;
+        let mut linker = Linker::new(&engine);
+        wasmtime_wasi::p2::add_to_linker_async(&mut linker)?;
+        wasmtime_wasi_http::p2::add_only_http_to_linker_async(&mut linker)?;
+        if wasip3 {
+            wasmtime_wasi::p3::add_to_linker(&mut linker)?;
+            wasmtime_wasi_http::p3::add_to_linker(&mut linker)?;
+        }
+        crate::interfaces::users::add_to_linker(&mut linker)?;
+        crate::interfaces::telemetry::add_to_linker(&mut linker)?;
+        crate::interfaces::otel::add_to_linker(&mut linker)?;
+        Ok(Linked { engine, linker })
+    }
 }
 
 /// How often the epoch advances: the granularity of deadlines, and how long a guest computes
@@ -37,28 +71,21 @@ pub struct Runtime {
 pub const EPOCH_TICK: Duration = Duration::from_millis(2);
 
 impl Runtime {
-    /// An engine and a linker with full WASI p2 (a Rust `std` guest imports `wasi:cli` and
-    /// friends beyond the proxy world), `wasi:http`, and the service's `users` and `telemetry`.
-    /// Compiled components are cached in `cache`; every instance lives within `limits`.
+    /// The engines and linkers, WASIp2 and WASIp3, with `wasi:http` and the service's `users`,
+    /// `telemetry` and `wasi:otel`. Compiled components are cached in `cache`; every instance
+    /// lives within `limits`.
     pub fn new(cache: ComponentCache, limits: GuestLimits) -> Result<Runtime, Error> {
         let capacity = Arc::new(GuestCapacity::new(limits));
-        let engine = Engine::new(&engine_config(&capacity)).map_err(Error::Runtime)?;
-        let mut linker = Linker::new(&engine);
-        let link = |linker: &mut Linker<RequestState>| -> wasmtime::Result<()> {
-            wasmtime_wasi::p2::add_to_linker_async(linker)?;
-            wasmtime_wasi_http::p2::add_only_http_to_linker_async(linker)?;
-            wasmtime_wasi::p3::add_to_linker(linker)?;
-            wasmtime_wasi_http::p3::add_to_linker(linker)?;
-            crate::interfaces::users::add_to_linker(linker)?;
-            crate::interfaces::telemetry::add_to_linker(linker)?;
-            crate::interfaces::otel::add_to_linker(linker)?;
-            Ok(())
-        };
-        link(&mut linker).map_err(Error::Runtime)?;
-        let _ticker = EpochTicker::start(engine.clone(), Arc::clone(&capacity));
+        let wasip2 =
+            Linked::new(&engine_config(&capacity, false), false).map_err(Error::Runtime)?;
+        let wasip3 = Linked::new(&engine_config(&capacity, true), true).map_err(Error::Runtime)?;
+        let _ticker = EpochTicker::start(
+            [wasip2.engine.clone(), wasip3.engine.clone()],
+            Arc::clone(&capacity),
+        );
         Ok(Runtime {
-            engine,
-            linker,
+            wasip2,
+            wasip3,
             cache,
             limits,
             capacity,
@@ -86,16 +113,21 @@ impl Runtime {
             path: path.to_owned(),
             source,
         };
+        let linked = if crate::runtime::admission::exports_wasip3_handler(&bytes) {
+            &self.wasip3
+        } else {
+            &self.wasip2
+        };
         let (component, outcome) = self
             .cache
-            .load_or_compile(&self.engine, &bytes)
+            .load_or_compile(&linked.engine, &bytes)
             .map_err(invalid)?;
         // wasmtime has validated the binary; now the host's own rules.
         crate::runtime::admission::check(&bytes).map_err(|source| Error::GuestRefused {
             path: path.to_owned(),
             source,
         })?;
-        let instance_pre = self.linker.instantiate_pre(&component).map_err(invalid)?;
+        let instance_pre = linked.linker.instantiate_pre(&component).map_err(invalid)?;
         let pre = HandlerPre::new(instance_pre).map_err(invalid)?;
         let guest = Guest::new(
             pre,
@@ -108,13 +140,15 @@ impl Runtime {
 }
 
 /// Epoch interruption (deadlines and yields), and memories and stacks from `capacity`'s pools,
-/// reused from instance to instance without changing page protections (see [`crate::runtime::pool`]).
-fn engine_config(capacity: &GuestCapacity) -> wasmtime::Config {
+/// reused from instance to instance without changing page protections (see [`crate::runtime::pool`]);
+/// the component model's concurrency (`stream` and `future` types, async lifts and lowers) only
+/// when `wasip3`.
+fn engine_config(capacity: &GuestCapacity, wasip3: bool) -> wasmtime::Config {
     let mut config = wasmtime::Config::new();
     config
         .epoch_interruption(true)
-        // WASIp3 guests: `stream` and `future` types and async lifts and lowers.
-        .wasm_component_model_async(true)
+        .concurrency_support(wasip3)
+        .wasm_component_model_async(wasip3)
         .allocation_strategy(InstanceAllocationStrategy::OnDemand);
     pool::configure(
         &mut config,
@@ -124,7 +158,7 @@ fn engine_config(capacity: &GuestCapacity) -> wasmtime::Config {
     config
 }
 
-/// A thread that advances an engine's epoch every [`EPOCH_TICK`], and trims the pools every
+/// A thread that advances the engines' epochs every [`EPOCH_TICK`], and trims the pools every
 /// [`POOL_TRIM_PERIOD`], until dropped.
 struct EpochTicker {
     stop: Arc<AtomicBool>,
@@ -132,7 +166,7 @@ struct EpochTicker {
 }
 
 impl EpochTicker {
-    fn start(engine: Engine, capacity: Arc<GuestCapacity>) -> EpochTicker {
+    fn start(engines: [Engine; 2], capacity: Arc<GuestCapacity>) -> EpochTicker {
         let stop = Arc::new(AtomicBool::new(false));
         let stopped = Arc::clone(&stop);
         let thread = std::thread::Builder::new()
@@ -141,7 +175,9 @@ impl EpochTicker {
                 let mut last_trim = std::time::Instant::now();
                 while !stopped.load(Ordering::Relaxed) {
                     std::thread::sleep(EPOCH_TICK);
-                    engine.increment_epoch();
+                    for engine in &engines {
+                        engine.increment_epoch();
+                    }
                     if last_trim.elapsed() >= POOL_TRIM_PERIOD {
                         capacity.trim();
                         last_trim = std::time::Instant::now();

@@ -111,6 +111,12 @@ impl Guest {
         }
     }
 
+    /// The engine this guest was compiled for: a WASIp2 guest's has no component-model
+    /// concurrency, a WASIp3 guest's has it.
+    pub fn engine(&self) -> &Engine {
+        self.pre.engine()
+    }
+
     /// Runs one request through a fresh instance and returns its response.
     ///
     /// The instance runs in its own task: once it has sent the response head it keeps going,
