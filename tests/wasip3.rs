@@ -1,6 +1,6 @@
 //! End-to-end tests of WASIp3 guests (`wasi:http/handler@0.3.0`), over real sockets: served
 //! with a fresh instance per request like WASIp2 ones, within the same deadline and memory
-//! limit, and swapped with a WASIp2 guest while serving.
+//! limit, calling the host's `users` interface, and swapped with a WASIp2 guest while serving.
 
 mod support;
 
@@ -32,6 +32,22 @@ async fn a_wasip3_guest_gets_a_fresh_instance_for_every_request() {
         // The instance's count of requests: a fresh instance has served only this one.
         assert_eq!(body["served"], 1, "{body}");
     }
+}
+
+#[tokio::test]
+async fn a_wasip3_guest_stores_and_reads_users_through_the_hosts_users_interface() {
+    let host = p3_host(&[]);
+    let (status, created) = get(&host, "/users/new").await;
+    assert_eq!(status, 201, "{created}");
+    assert_eq!(created["name"], "WASIp3");
+    let id = created["id"].as_str().expect("the stored user's id");
+    // Another fresh instance finds it: the store is the host's, not the instance's.
+    let (status, found) = get(&host, &format!("/users/{id}")).await;
+    assert_eq!((status, &found), (200, &created));
+    let (status, _) = get(&host, "/users/new").await;
+    assert_eq!(status, 409, "the host's store refuses the same e-mail twice");
+    let (status, _) = get(&host, "/users/00000000-0000-4000-8000-000000000000").await;
+    assert_eq!(status, 404);
 }
 
 /// The host serving the p3 fixture with `env`.
