@@ -133,9 +133,10 @@ impl App {
 
         let status = response.status().as_u16();
         let (route, span_lacks_route) = record.route();
-        span.record_answer(&method, &route, span_lacks_route, status);
-        // One line per failed request, with its cause when the host knows it.
+        // One line per failed request, with its cause when the host knows it; a 5xx span says
+        // it too.
         let cause = record.take_fault();
+        span.record_answer(&method, &route, span_lacks_route, status, cause.as_deref());
         span.in_scope(|| {
             if status >= 500 {
                 tracing::error!(status, error = cause.as_deref(), "request failed");

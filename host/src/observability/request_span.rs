@@ -29,6 +29,9 @@ use crate::observability::request_fields::{self, RequestFields, Scoped};
 const MAX_RECORDED_PATH: usize = 1024;
 /// The longest non-standard method recorded as `http.request.method_original`.
 const MAX_RECORDED_METHOD: usize = 32;
+/// The longest status description an error span carries: a trap's cause with its backtrace,
+/// which the log line gives whole, is cut here so one span stays well inside a datagram.
+const MAX_STATUS_DESCRIPTION_BYTES: usize = 4096;
 /// The methods OpenTelemetry's HTTP conventions know; any other is recorded as [`OTHER_METHOD`].
 const STANDARD_METHODS: &[Method] = &[
     Method::GET,
@@ -201,8 +204,16 @@ impl RequestSpan {
     }
 
     /// Records the answer: its route in the span's name (`HTTP <METHOD> <route>`) and, unless
-    /// the span already carries it, in `http.route`; its status; a 5xx marks the span an error.
-    pub fn record_answer(&self, method: &Method, route: &str, record_route: bool, status: u16) {
+    /// the span already carries it, in `http.route`; its status; a 5xx marks the span an error,
+    /// described by the host's `cause` when it knows one (the words of the request's log line).
+    pub fn record_answer(
+        &self,
+        method: &Method,
+        route: &str,
+        record_route: bool,
+        status: u16,
+        cause: Option<&str>,
+    ) {
         if record_route {
             self.record_log_str("http.route", route);
         }
@@ -223,7 +234,9 @@ impl RequestSpan {
             i64::from(status),
         ));
         if status >= 500 {
-            span.set_status(Status::error(""));
+            let cause = cause.unwrap_or_default();
+            let description = &cause[..cause.floor_char_boundary(MAX_STATUS_DESCRIPTION_BYTES)];
+            span.set_status(Status::error(description.to_string()));
             // The conventions' `error.type` of a server error is its status code.
             span.set_attribute(KeyValue::new("error.type", status.to_string()));
         }

@@ -113,11 +113,8 @@ impl Runtime {
             path: path.to_owned(),
             source,
         };
-        let linked = if crate::runtime::admission::exports_wasip3_handler(&bytes) {
-            &self.wasip3
-        } else {
-            &self.wasip2
-        };
+        let wasip3 = crate::runtime::admission::exports_wasip3_handler(&bytes);
+        let linked = if wasip3 { &self.wasip3 } else { &self.wasip2 };
         let (component, outcome) = self
             .cache
             .load_or_compile(&linked.engine, &bytes)
@@ -128,7 +125,7 @@ impl Runtime {
             source,
         })?;
         let instance_pre = linked.linker.instantiate_pre(&component).map_err(invalid)?;
-        let pre = HandlerPre::new(instance_pre).map_err(invalid)?;
+        let pre = HandlerPre::new(instance_pre, wasip3).map_err(invalid)?;
         let guest = Guest::new(
             pre,
             self.limits,

@@ -54,19 +54,20 @@ pub(crate) enum HandlerPre {
 }
 
 impl HandlerPre {
-    /// The handler `instance_pre` exports: WASIp2's, else WASIp3's.
-    pub(crate) fn new(instance_pre: InstancePre<RequestState>) -> wasmtime::Result<HandlerPre> {
-        match ServicePre::new(instance_pre.clone()) {
-            Ok(p2) => Ok(HandlerPre::P2(p2)),
-            Err(not_p2) => p3::bindings::ServicePre::new(instance_pre)
+    /// The handler `instance_pre` exports: WASIp3's first when it was compiled for the WASIp3
+    /// engine (`wasip3`), else WASIp2's; the error says why the expected one is not there.
+    pub(crate) fn new(
+        instance_pre: InstancePre<RequestState>,
+        wasip3: bool,
+    ) -> wasmtime::Result<HandlerPre> {
+        if wasip3 {
+            return p3::bindings::ServicePre::new(instance_pre)
                 .map(HandlerPre::P3)
-                .map_err(|_| {
-                    not_p2.context(
-                        "it exports neither wasi:http/incoming-handler@0.2 nor \
-                         wasi:http/handler@0.3.0",
-                    )
-                }),
+                .context("it exports no usable wasi:http/handler@0.3");
         }
+        ServicePre::new(instance_pre)
+            .map(HandlerPre::P2)
+            .context("it exports neither wasi:http/incoming-handler@0.2 nor wasi:http/handler@0.3")
     }
 
     fn engine(&self) -> &Engine {

@@ -36,11 +36,15 @@ use crate::user_store::UserStore;
 /// than a request needs, far fewer than wasmtime's default million, which a guest leaking
 /// handles in a loop turns into gigabytes of host memory.
 pub const MAX_RESOURCES_PER_REQUEST: usize = 16 * 1024;
-/// Handles one request's component instance may hold at once in its own tables: resources it
-/// holds, and a WASIp3 guest's streams, futures and subtasks, each a few hundred bytes of the
-/// host's memory. wasmtime's default of 100,000 let a guest making streams in a loop hold 29 MB
-/// before it trapped; the same bound as the resources above suffices for any request.
+/// Handles one request's WASIp2 instance may hold at once in its own tables: the resources it
+/// holds, bounded above.
 pub const MAX_COMPONENT_HANDLES_PER_REQUEST: usize = MAX_RESOURCES_PER_REQUEST;
+/// Handles one request's WASIp3 instance may hold at once: its resources, and its streams,
+/// futures and subtasks, each a few hundred bytes of the host's memory that the held-object
+/// account does not see (wasmtime keeps them). wasmtime's default of 100,000 let a guest making
+/// streams in a loop hold 29 MB before it trapped; at 2,048 it is about 0.6 MB, and a request
+/// needs a few dozen.
+pub const MAX_COMPONENT_HANDLES_PER_WASIP3_REQUEST: usize = 2 * 1024;
 
 /// What the host knows of one request before its guest runs.
 pub struct RequestContext {
@@ -220,7 +224,11 @@ pub fn new_store(
         record,
     };
     let mut store = Store::new(engine, state);
-    store.set_max_component_handles(MAX_COMPONENT_HANDLES_PER_REQUEST);
+    store.set_max_component_handles(if engine.get_concurrency_support() {
+        MAX_COMPONENT_HANDLES_PER_WASIP3_REQUEST
+    } else {
+        MAX_COMPONENT_HANDLES_PER_REQUEST
+    });
     store.limiter(|state| &mut state.limits);
     store.call_hook(|mut store, transition| {
         if !matches!(transition, CallHook::ReturningFromHost) {
