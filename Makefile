@@ -4,7 +4,7 @@ GUEST_TARGET := wasm32-wasip2
 # Guests the integration tests run: the real one, built alone (it is no_std on wasm32, and built
 # with the std fixtures the wasi crate's features would unify into std), and the fixtures under
 # tests/fixtures.
-FIXTURE_PACKAGES := -p panicking-guest -p minimal-guest -p command-component -p hostile-guest -p orders-guest -p otel-guest -p p3-guest
+FIXTURE_PACKAGES := -p panicking-guest -p minimal-guest -p command-component -p hostile-guest -p orders-guest -p otel-guest -p p3-guest -p p3-users-guest
 # Guests of other languages, built by their own toolchains, pinned and installed here (PyPI and
 # npm), never committed: tests/fixtures/python-guest and js-guest.
 GUEST_TOOLS := target/guest-tools
