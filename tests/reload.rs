@@ -462,6 +462,10 @@ async fn with_watch_a_replaced_or_rewritten_file_is_served_without_a_signal() {
         .guest_at(&live)
         .env(&[("GUEST_WATCH", "1")])
         .start();
+    // It says so at start, naming the file it watches.
+    let watching =
+        host.wait_for_log(|line| line["message"] == "watching the guest file: a change reloads it");
+    assert_eq!(watching["path"], live.display().to_string());
     replace_by_rename(&live, &guest_path("minimal-guest"));
     wait_for_version(&host, MINIMAL_VERSION).await;
     // Written in place this time, as a plain `cp` does.

@@ -30,7 +30,8 @@ fn after_help() -> String {
 
 /// Serves the tutorial service's guest component over HTTP.
 #[derive(Debug, Clone, Parser)]
-#[command(name = "host", version, about, after_help = after_help())]
+// allow_negative_numbers: `--max-body-bytes -5` is a bad value of that flag, not a stray flag.
+#[command(name = "host", version, about, after_help = after_help(), allow_negative_numbers = true)]
 pub struct Config {
     /// Which guest serves, and what its instances may use.
     #[command(flatten)]
@@ -495,6 +496,19 @@ mod tests {
             let refused = read(bad, &[]).unwrap_err();
             assert!(refused.is_error, "{bad:?}");
         }
+    }
+
+    #[test]
+    fn a_negative_number_is_refused_as_a_bad_value_of_its_flag() {
+        let refused = read(&["--max-body-bytes", "-5"], &[]).unwrap_err();
+        assert!(refused.is_error);
+        assert!(
+            refused
+                .message
+                .contains("invalid value '-5' for '--max-body-bytes"),
+            "{}",
+            refused.message
+        );
     }
 
     #[test]

@@ -142,6 +142,11 @@ impl Reloader {
             _ => PathBuf::from("."),
         };
         watcher.watch(&directory, RecursiveMode::NonRecursive)?;
+        tracing::info!(
+            path = %self.path.display(),
+            directory = %directory.display(),
+            "watching the guest file: a change reloads it"
+        );
         tokio::spawn(async move {
             while changes.recv().await.is_some() {
                 loop {
