@@ -99,12 +99,15 @@ test: deps build $(WASMTIME_CLI)
 	$(MAKE) deploy-check
 	$(MAKE) live-checks
 
-## deploy-check: the Prometheus configuration, the compose file and the Dockerfile, checked by
-## their own tools.
+## deploy-check: the Prometheus configuration, the compose file, the Dockerfile and the
+## Kubernetes files, checked by their own tools; then tests/deploy.rs ties the Kubernetes files to
+## the host's --help.
 deploy-check: $(VENV)/installed
 	promtool check config deploy/prometheus.yml
 	docker-compose -f deploy/docker-compose.yml config --quiet
 	$(VENV)/bin/hadolint Dockerfile
+	kubectl kustomize deploy/kubernetes > /dev/null
+	$(CARGO) test -p host --test deploy
 
 ## conformance: schemathesis, with docs/openapi.yaml, against the host at SERVICE_URL.
 conformance: $(VENV)/installed

@@ -9,7 +9,7 @@ use std::collections::HashSet;
 
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
-use support::{Host, Store, client, raw_request};
+use support::{Host, Store, client, get_json, raw_request};
 
 /// Sends `method path` with an optional JSON body and returns status, headers and parsed body.
 async fn send(
@@ -315,6 +315,8 @@ async fn a_wrong_method_is_405_with_allow(store: Store) {
         ("GET", "/api/compute", "POST"),
         ("TRACE", "/api/compute", "POST"),
         ("POST", "/metrics", "GET, HEAD"),
+        ("POST", "/livez", "GET, HEAD"),
+        ("DELETE", "/readyz", "GET, HEAD"),
     ];
     for (method, path, allow) in cases {
         let (status, headers, body) = send(&host, method, path, None).await;
@@ -325,7 +327,7 @@ async fn a_wrong_method_is_405_with_allow(store: Store) {
 
 async fn head_is_answered_like_get_without_a_body(store: Store) {
     let host = Host::builder().store(&store).start();
-    for path in ["/api/health", "/api/users", "/metrics"] {
+    for path in ["/api/health", "/api/users", "/metrics", "/livez", "/readyz"] {
         let response = client().head(host.url(path)).send().await.unwrap();
         assert_eq!(response.status(), StatusCode::OK, "{path}");
         assert!(response.headers().contains_key("x-request-id"));
@@ -550,6 +552,27 @@ async fn a_valid_client_request_id_is_kept_and_an_invalid_one_replaced(store: St
     assert!(uuid::Uuid::parse_str(id).is_ok(), "{id}");
 }
 
+async fn the_hosts_liveness_and_readiness_pages_answer_200_with_json(store: Store) {
+    let host = Host::builder().store(&store).start();
+    let (status, headers, body) = send(&host, "GET", "/livez", None).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(headers["content-type"], "application/json");
+    assert_eq!(body, json!({"status": "alive"}));
+    let (status, headers, body) = send(&host, "GET", "/readyz", None).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(headers["content-type"], "application/json");
+    let kind = match store {
+        Store::Memory => "memory",
+        Store::Postgres(_) => "postgres",
+    };
+    let health = get_json(&host, "/api/health").await;
+    assert_eq!(
+        body,
+        json!({"status": "ready", "guest_version": health["version"], "store": kind})
+    );
+    assert!(headers.contains_key("x-request-id"));
+}
+
 async fn metrics_are_prometheus_text_on_the_api_port(store: Store) {
     let host = Host::builder().store(&store).start();
     send(&host, "GET", "/api/health", None).await;
@@ -702,6 +725,7 @@ on_every_store! {
     every_response_carries_an_x_request_id,
     a_valid_client_request_id_is_kept_and_an_invalid_one_replaced,
     metrics_are_prometheus_text_on_the_api_port,
+    the_hosts_liveness_and_readiness_pages_answer_200_with_json,
     two_hundred_concurrent_creations_all_land,
     a_trapping_guest_gets_500_and_the_host_keeps_serving,
     a_request_without_host_header_is_still_served,

@@ -285,3 +285,57 @@ fn a_database_that_does_not_exist_is_said_plainly_at_start() {
     );
     assert!(!stderr.contains("cannot reach"), "{stderr}");
 }
+
+#[test]
+fn a_role_the_database_refuses_is_said_at_once_and_not_as_unreachable() {
+    let server = support::postgres::Server::shared();
+    let url = server.create_database();
+    let (scheme, rest) = url.split_once("://").unwrap();
+    let with_user = |user: &str| format!("{scheme}://{user}@{}", rest.rsplit('@').next().unwrap());
+    // A role that logs in but may not create the tables (PUBLIC may not create in `public`).
+    let reader = format!("reader_{}", uuid::Uuid::new_v4().simple());
+    server.psql("postgres", &format!("CREATE ROLE {reader} LOGIN"));
+    for store in [with_user("nobody_at_all"), with_user(&reader)] {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_host"));
+        command
+            .args(["--bind", "127.0.0.1", "--port", "0", "--guest"])
+            .arg(guest_path("guest"))
+            .env("USER_STORE", &store);
+        let started = Instant::now();
+        let output = support::run_to_exit(command, Duration::from_secs(30));
+        assert!(!output.status.success());
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(
+            stderr.contains("refused this host") && stderr.contains("check the URL's user"),
+            "{store}: {stderr}"
+        );
+        assert!(!stderr.contains("cannot reach"), "{stderr}");
+        // At once: not after the 10 s start-up spends waiting for a database that is down.
+        assert!(started.elapsed() < Duration::from_secs(8), "{store}");
+    }
+}
+
+#[tokio::test]
+async fn the_hosts_pages_move_or_go_and_two_on_one_path_are_refused_at_start() {
+    let host = Host::builder()
+        .flags(&["--ready-path", "/ops/ready", "--live-path", "off"])
+        .start();
+    let status = |path: &'static str| {
+        let url = host.url(path);
+        async move { support::client().get(url).send().await.unwrap().status() }
+    };
+    assert_eq!(status("/ops/ready").await, 200);
+    // The default paths are the guest's now: it knows neither.
+    assert_eq!(status("/readyz").await, 404);
+    assert_eq!(status("/livez").await, 404);
+    assert_eq!(status("/metrics").await, 200);
+
+    let output = run_host(&["--ready-path", "/metrics"], &[]);
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr
+            .contains("--metrics-path, --live-path and --ready-path must differ; two are /metrics"),
+        "{stderr}"
+    );
+}

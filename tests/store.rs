@@ -264,7 +264,8 @@ async fn acknowledged_users_survive_a_sigterm_and_a_sigkill() {
 type Answer = (&'static str, u16, Value);
 
 #[tokio::test]
-async fn an_outage_is_a_503_while_health_and_metrics_stay_200_and_the_host_recovers_alone() {
+async fn an_outage_is_a_503_and_not_ready_while_health_and_metrics_stay_200_and_the_host_recovers_alone()
+ {
     let server = Server::start_own();
     let store = Store::Postgres(server.create_database());
     let mut host = Host::builder().store(&store).start();
@@ -274,43 +275,52 @@ async fn an_outage_is_a_503_while_health_and_metrics_stay_200_and_the_host_recov
     // Clients hit every endpoint in a loop while the database goes away and comes back.
     let answers: Arc<Mutex<Vec<Answer>>> = Arc::default();
     let running = Arc::new(std::sync::atomic::AtomicBool::new(true));
-    let clients: Vec<_> = ["list", "get", "get-known", "create", "health", "metrics"]
-        .into_iter()
-        .map(|endpoint| {
-            let (base, id) = (host.base_url.clone(), id.clone());
-            let (answers, running) = (Arc::clone(&answers), Arc::clone(&running));
-            tokio::spawn(async move {
-                let mut i = 0;
-                while running.load(std::sync::atomic::Ordering::Relaxed) {
-                    i += 1;
-                    let request = match endpoint {
-                        "list" => client().get(format!("{base}/api/users")),
-                        // An id this host has not seen: every lookup asks the database.
-                        "get" => client().get(format!("{base}/api/users/{}", uuid::Uuid::new_v4())),
-                        // One it has: served from its memory, database or not.
-                        "get-known" => client().get(format!("{base}/api/users/{id}")),
-                        "create" => client()
-                            .post(format!("{base}/api/users"))
-                            .json(&json!({"name": "U", "email": format!("u{i}@x.io")})),
-                        "health" => client().get(format!("{base}/api/health")),
-                        _ => client().get(format!("{base}/metrics")),
-                    };
-                    let started = Instant::now();
-                    let response = request.send().await.unwrap();
-                    let status = response.status().as_u16();
-                    let text = response.text().await.unwrap_or_default();
-                    let body = serde_json::from_str(&text).unwrap_or(Value::Null);
-                    assert!(
-                        started.elapsed() < Duration::from_secs(10),
-                        "{endpoint} took {:?}",
-                        started.elapsed()
-                    );
-                    answers.lock().unwrap().push((endpoint, status, body));
-                    tokio::time::sleep(Duration::from_millis(20)).await;
-                }
-            })
+    let clients: Vec<_> = [
+        "list",
+        "get",
+        "get-known",
+        "create",
+        "health",
+        "metrics",
+        "ready",
+    ]
+    .into_iter()
+    .map(|endpoint| {
+        let (base, id) = (host.base_url.clone(), id.clone());
+        let (answers, running) = (Arc::clone(&answers), Arc::clone(&running));
+        tokio::spawn(async move {
+            let mut i = 0;
+            while running.load(std::sync::atomic::Ordering::Relaxed) {
+                i += 1;
+                let request = match endpoint {
+                    "list" => client().get(format!("{base}/api/users")),
+                    // An id this host has not seen: every lookup asks the database.
+                    "get" => client().get(format!("{base}/api/users/{}", uuid::Uuid::new_v4())),
+                    // One it has: served from its memory, database or not.
+                    "get-known" => client().get(format!("{base}/api/users/{id}")),
+                    "create" => client()
+                        .post(format!("{base}/api/users"))
+                        .json(&json!({"name": "U", "email": format!("u{i}@x.io")})),
+                    "health" => client().get(format!("{base}/api/health")),
+                    "ready" => client().get(format!("{base}/readyz")),
+                    _ => client().get(format!("{base}/metrics")),
+                };
+                let started = Instant::now();
+                let response = request.send().await.unwrap();
+                let status = response.status().as_u16();
+                let text = response.text().await.unwrap_or_default();
+                let body = serde_json::from_str(&text).unwrap_or(Value::Null);
+                assert!(
+                    started.elapsed() < Duration::from_secs(10),
+                    "{endpoint} took {:?}",
+                    started.elapsed()
+                );
+                answers.lock().unwrap().push((endpoint, status, body));
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
         })
-        .collect();
+    })
+    .collect();
 
     tokio::time::sleep(Duration::from_millis(500)).await;
     server.cluster().kill_server();
@@ -343,7 +353,7 @@ async fn an_outage_is_a_503_while_health_and_metrics_stay_200_and_the_host_recov
         match (*endpoint, status) {
             ("health" | "metrics" | "get-known", 200) => {}
             ("health" | "metrics" | "get-known", _) => panic!("{endpoint} answered {status}"),
-            ("get", 404) | ("list", 200) | ("create", 201) => {}
+            ("get", 404) | ("list", 200) | ("create", 201) | ("ready", 200) => {}
             (_, 503) => {
                 assert_eq!(body, &unavailable, "{endpoint}");
                 saw_503.insert(*endpoint);
@@ -353,9 +363,34 @@ async fn an_outage_is_a_503_while_health_and_metrics_stay_200_and_the_host_recov
     }
     assert_eq!(
         saw_503.len(),
-        3,
-        "every store endpoint saw the outage: {saw_503:?}"
+        4,
+        "every store endpoint and readiness saw the outage: {saw_503:?}"
     );
+    // Not ready says why in its log line; ready again once the database is back.
+    let not_ready = host.wait_for_log(|line| {
+        line["http.route"] == "/readyz" && line["status"] == 503 && line["level"] == "ERROR"
+    });
+    assert!(
+        not_ready["error"]
+            .as_str()
+            .is_some_and(|cause| cause.starts_with("not ready: user store unavailable")),
+        "{not_ready}"
+    );
+    let ready_again = Instant::now() + Duration::from_secs(5);
+    while client()
+        .get(host.url("/readyz"))
+        .send()
+        .await
+        .unwrap()
+        .status()
+        != 200
+    {
+        assert!(
+            Instant::now() < ready_again,
+            "not ready after the database came back"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     assert!(host.is_running());
     assert!(listed_ids(&host).await.contains(&id));
 }

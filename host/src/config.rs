@@ -45,6 +45,9 @@ pub struct Config {
     /// Where log lines and spans go.
     #[command(flatten)]
     pub telemetry: TelemetryArgs,
+    /// The flags whose values came from variables, so that errors name what the user set.
+    #[arg(skip)]
+    from_variables: FromVariables,
 }
 
 /// Why no configuration came of the command line: help or the version was asked for (a
@@ -96,12 +99,29 @@ impl Config {
         if let Some(bad) = bad_variable {
             return Err(bad);
         }
-        Config::from_arg_matches(&matches).map_err(|error| explain(error, &from_variables))
+        let mut config =
+            Config::from_arg_matches(&matches).map_err(|error| explain(error, &from_variables))?;
+        config.from_variables = from_variables;
+        Ok(config)
     }
 
-    /// The store the settings name.
+    /// The store the settings name; an error names the flag or the variable that was set.
     pub fn store_choice(&self) -> Result<StoreChoice, Error> {
-        self.users.choice(self.runtime.request_timeout())
+        self.users
+            .choice(self.runtime.request_timeout())
+            .map_err(|reason| Error::StoreSetting {
+                setting: self.named(self.users.chosen_flag()),
+                reason,
+            })
+    }
+
+    /// `flag`, or the variable its value came from.
+    fn named(&self, flag: &str) -> String {
+        self.from_variables
+            .iter()
+            .find(|(from, _)| from == flag)
+            .map_or(flag, |(_, variable)| variable)
+            .to_string()
     }
 
     /// Where log lines and spans go, once the OpenTelemetry variables `var` gives are checked.
@@ -411,6 +431,28 @@ mod tests {
             let error = config.store_choice().err().expect(setting).to_string();
             assert!(!error.contains("hunter2"), "{error}");
         }
+    }
+
+    #[test]
+    fn a_bad_store_setting_is_named_by_the_flag_or_the_variable_that_was_set() {
+        let named = |config: Config| config.store_choice().err().unwrap().to_string();
+        let by_flag = named(flags(&["--store", "memroy"]));
+        assert!(
+            by_flag.starts_with("invalid --store: expected"),
+            "{by_flag}"
+        );
+        let by_variable = named(read(&[], &[("USER_STORE", "memroy")]).unwrap());
+        assert!(
+            by_variable.starts_with("invalid USER_STORE: "),
+            "{by_variable}"
+        );
+        let by_url = named(read(&[], &[("DATABASE_URL", "mysql://db/x")]).unwrap());
+        assert!(by_url.starts_with("invalid DATABASE_URL: "), "{by_url}");
+        let by_url_flag = named(flags(&["--database-url", "postgres://"]));
+        assert!(
+            by_url_flag.starts_with("invalid --database-url: "),
+            "{by_url_flag}"
+        );
     }
 
     #[test]

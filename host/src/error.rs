@@ -64,8 +64,13 @@ pub enum Error {
     #[error("the guest loading task failed")]
     LoadTask(#[source] tokio::task::JoinError),
     /// `--store` is neither `memory` nor a usable PostgreSQL URL. Never holds the URL itself.
-    #[error("invalid --store / USER_STORE / DATABASE_URL: {0}")]
-    StoreSetting(String),
+    #[error("invalid {setting}: {reason}")]
+    StoreSetting {
+        /// The flag or the variable the URL came from, whichever was set.
+        setting: String,
+        /// What is wrong with it.
+        reason: String,
+    },
     /// An OpenTelemetry environment variable holds a value the host cannot use. Never holds the
     /// value itself: headers carry API keys.
     #[error("{variable}: {reason}")]
@@ -84,6 +89,18 @@ pub enum Error {
     StoreDatabaseMissing {
         /// `postgres://host:port/database`, without credentials.
         target: String,
+    },
+    /// PostgreSQL answered, but refused this host's role: its login, or the right to set up the
+    /// tables. Retrying would not help.
+    #[error(
+        "the user store at {target} refused this host: {reason}; check the URL's user and \
+         password, and that the role may create tables in the database"
+    )]
+    StoreRefused {
+        /// `postgres://host:port/database`, without credentials.
+        target: String,
+        /// PostgreSQL's message, on one line.
+        reason: String,
     },
     /// PostgreSQL could not be reached, or its schema set up, at start.
     #[error("cannot reach the user store at {target} (waited {:.1} s): {reason}", waited.as_secs_f64())]

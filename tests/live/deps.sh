@@ -7,6 +7,7 @@
 #   procps                      `kill`, with which the tests send SIGHUP and SIGTERM
 #   prometheus                  the dashboard test's Prometheus, and promtool for deploy-check
 #   docker-compose              deploy-check's `docker-compose config` (no Docker engine needed)
+#   kubernetes-client           deploy-check's `kubectl kustomize` (no cluster needed)
 #   postgresql                  server binaries and psql: the tests start clusters of their own
 #   nodejs, npm                 componentize-js, for the JavaScript fixture guest
 #   python3, python3-venv       schemathesis, locust, hadolint and componentize-py, in venvs
@@ -23,6 +24,7 @@ need cc gcc
 [ -n "${PROMETHEUS:-}" ] || need prometheus prometheus
 need promtool prometheus
 need docker-compose docker-compose
+need kubectl kubernetes-client
 need npm nodejs npm
 need python3 python3
 if ! python3 -c 'import ensurepip, venv' >/dev/null 2>&1; then missing+=(python3-venv); fi

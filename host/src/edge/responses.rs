@@ -1,5 +1,5 @@
 //! The one place that builds the host's own responses: errors the host answers itself
-//! (limits, faults) and the metrics page. Every error body is `{"error": "<message>"}`.
+//! (limits, faults) and its own pages. Every error body is `{"error": "<message>"}`.
 
 use bytes::Bytes;
 use http::{HeaderValue, Response, StatusCode, header};
@@ -22,6 +22,9 @@ pub const BAD_HOST: &str = "Invalid Host header";
 pub const BODY_TOO_SLOW: &str = "Request body not received in time";
 /// Message of the 413 answered for a body over the limit.
 pub const BODY_TOO_LARGE: &str = "Request body too large";
+/// Message of the 503 the readiness page answers while the store does not (the guest's word
+/// for the same fault).
+pub const STORE_UNAVAILABLE: &str = "User store unavailable";
 
 /// A complete response with a fixed body.
 pub fn full(
@@ -37,10 +40,14 @@ pub fn full(
     response
 }
 
+/// A JSON response.
+pub fn json(status: StatusCode, body: &serde_json::Value) -> Response<ResponseBody> {
+    full(status, "application/json", body.to_string())
+}
+
 /// A JSON error response: `{"error": message}`.
 pub fn error(status: StatusCode, message: &str) -> Response<ResponseBody> {
-    let body = serde_json::json!({ "error": message }).to_string();
-    full(status, "application/json", body)
+    json(status, &serde_json::json!({ "error": message }))
 }
 
 /// Message of the 400 hyper answers for a request it cannot parse.

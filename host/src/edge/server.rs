@@ -1,6 +1,7 @@
 //! The accept loop and the per-request path.
 //!
-//! For every request the host, in order: gives it a request id, serves its metrics page itself, reads
+//! For every request the host, in order: gives it a request id, serves its own pages (metrics, liveness,
+//! readiness) itself, reads
 //! the body within its deadline and size limit (a body over it is answered 413 there, before any
 //! routing, as the contract orders), runs the guest in a fresh instance, turns a failed guest
 //! into a 500, and traces, logs and counts the answer under the route the guest named. The guest
@@ -31,10 +32,10 @@ use crate::error::{RequestError, one_line};
 use crate::observability::metrics::{self, Metrics};
 use crate::observability::record::RequestRecord;
 use crate::observability::request_span::RequestSpan;
-use crate::observability::routes::MetricsPath;
+use crate::observability::routes::{HostPage, HostPages};
 use crate::runtime::Serving;
 use crate::runtime::store::RequestContext;
-use crate::user_store::UserStore;
+use crate::user_store::{Unavailable, UserStore};
 
 /// The header that carries a request's id, in both directions.
 pub const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
@@ -46,6 +47,9 @@ pub const WRITE_STALL_TIMEOUT: Duration = Duration::from_secs(10);
 pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long a `/metrics` scrape waits for the store's user count before it serves the last one.
 pub const USERS_STORED_WAIT: Duration = Duration::from_millis(250);
+/// How long the readiness page waits for the store: less than a Kubernetes probe's default
+/// timeout of 1 s.
+pub const READY_STORE_WAIT: Duration = Duration::from_millis(800);
 /// How long in-flight requests may take to finish once shutdown starts.
 /// Shorter than the 15 s `stop_grace_period` of `deploy/docker-compose.yml` (Docker's default is
 /// 10 s), so spans and log lines are flushed before the container is killed, even when a slow
@@ -67,8 +71,8 @@ pub struct App {
     connections: Arc<ConnectionTable>,
     /// The bytes of request bodies held host-wide.
     body_buffers: Arc<BodyBuffers>,
-    /// Where the host answers with its metrics page instead of the guest.
-    metrics_path: MetricsPath,
+    /// Where the host answers with its own pages instead of the guest.
+    pages: HostPages,
 }
 
 /// What one client may use of the host.
@@ -102,16 +106,13 @@ impl App {
             connections: ConnectionTable::new(limits.max_connections),
             body_buffers: BodyBuffers::new(limits.body_buffer_bytes, limits.max_body_bytes),
             limits,
-            metrics_path: MetricsPath::default(),
+            pages: HostPages::default(),
         }
     }
 
-    /// The same service with the host's metrics page at `path` (or none), not `/metrics`.
-    pub fn with_metrics_path(self, path: MetricsPath) -> App {
-        App {
-            metrics_path: path,
-            ..self
-        }
+    /// The same service with the host's own pages where `pages` says, not at their defaults.
+    pub fn with_host_pages(self, pages: HostPages) -> App {
+        App { pages, ..self }
     }
 
     /// Answers one request. Never fails: every fault becomes a JSON error response.
@@ -202,12 +203,9 @@ impl App {
             // The whole request is here: from now on the connection is doing work.
             connection.enter(Phase::Answering);
         }
-        // The host's own page is labelled as such, whatever it answers.
-        let metrics_page = self
-            .metrics_path
-            .path()
-            .filter(|path| parts.uri.path() == path.as_ref());
-        if let Some(path) = metrics_page
+        // The host's own pages are labelled as such, whatever they answer.
+        let own_page = self.pages.at(parts.uri.path());
+        if let Some((_, path)) = own_page
             && let Some(route) = record.name_route(Arc::clone(path))
         {
             span.record_route(&route);
@@ -224,16 +222,14 @@ impl App {
                 responses::BODY_TOO_LARGE,
             ));
         };
-        if metrics_page.is_some() {
-            // The page reads no body: its bytes go back to the budget now.
+        if let Some((page, _)) = own_page {
+            // A page reads no body: its bytes go back to the budget now.
             drop((body, reservation));
             if parts.method != Method::GET && parts.method != Method::HEAD {
                 // Its WARN line is written in `handle`.
                 return responses::method_not_allowed(&[Method::GET, Method::HEAD]);
             }
-            // The spec's rule for every endpoint: a span, metrics and log lines.
-            tracing::info!("metrics page served");
-            return self.metrics_page().await;
+            return self.own_page(page, record).await;
         }
         let body = GuestRequestBody::new(body, reservation);
         parts.headers.insert(REQUEST_ID, request_id.clone());
@@ -290,10 +286,48 @@ impl App {
         &self.metrics
     }
 
-    /// The metrics page, with the store's user count as fresh as it comes in time.
-    async fn metrics_page(&self) -> Response<ResponseBody> {
-        let page = self.metrics.render(self.users_stored().await);
-        responses::full(StatusCode::OK, metrics::CONTENT_TYPE, page)
+    /// One of the host's own pages. Each writes a log line, as the spec asks of every endpoint.
+    async fn own_page(&self, page: HostPage, record: &RequestRecord) -> Response<ResponseBody> {
+        match page {
+            HostPage::Metrics => {
+                tracing::info!("metrics page served");
+                let page = self.metrics.render(self.users_stored().await);
+                responses::full(StatusCode::OK, metrics::CONTENT_TYPE, page)
+            }
+            HostPage::Live => {
+                tracing::info!("liveness page served");
+                responses::json(StatusCode::OK, &serde_json::json!({ "status": "alive" }))
+            }
+            HostPage::Ready => {
+                // Serving at all means the guest is loaded and passed its probe: start-up and
+                // every swap wait for both. What can fail later is the store.
+                let checked = tokio::time::timeout(READY_STORE_WAIT, self.users.check()).await;
+                match checked.unwrap_or_else(|_| {
+                    Err(Unavailable(format!(
+                        "no answer within {} ms",
+                        READY_STORE_WAIT.as_millis()
+                    )))
+                }) {
+                    Ok(()) => {
+                        tracing::info!("readiness page served");
+                        let ready = serde_json::json!({
+                            "status": "ready",
+                            "guest_version": self.serving.current().version,
+                            "store": self.users.kind(),
+                        });
+                        responses::json(StatusCode::OK, &ready)
+                    }
+                    Err(unavailable) => {
+                        // Its ERROR line, with the cause, is written in `handle`.
+                        record.deciding_fault(format!("not ready: {unavailable}"));
+                        responses::error(
+                            StatusCode::SERVICE_UNAVAILABLE,
+                            responses::STORE_UNAVAILABLE,
+                        )
+                    }
+                }
+            }
+        }
     }
 
     /// The store's user count; `None` when it cannot answer in time (`users_stored` then keeps

@@ -8,7 +8,7 @@ use clap::Args;
 use crate::edge::connections::default_cap;
 use crate::edge::server::ClientLimits;
 use crate::machine::machine_memory;
-use crate::observability::routes::{METRICS_PATH, MetricsPath};
+use crate::observability::routes::{HostPages, HostPath, LIVE_PATH, METRICS_PATH, READY_PATH};
 
 /// The port the API listens on unless told otherwise.
 pub const DEFAULT_PORT: u16 = 8080;
@@ -53,14 +53,34 @@ pub struct EdgeSettings {
     /// Path the host serves its Prometheus metrics on, or `off` for none: every other path,
     /// and this one when moved, is the guest's (a guest may own `/metrics`).
     #[arg(long, env = "METRICS_PATH", default_value = METRICS_PATH,
-          value_parser = MetricsPath::parse)]
-    pub metrics_path: MetricsPath,
+          value_parser = HostPath::parser(METRICS_PATH))]
+    pub metrics_path: HostPath,
+
+    /// Path of the host's liveness page (200 while the host answers), or `off`.
+    #[arg(long, env = "LIVE_PATH", default_value = LIVE_PATH,
+          value_parser = HostPath::parser(LIVE_PATH))]
+    pub live_path: HostPath,
+
+    /// Path of the host's readiness page (200 while its user store answers, else 503), or
+    /// `off`.
+    #[arg(long, env = "READY_PATH", default_value = READY_PATH,
+          value_parser = HostPath::parser(READY_PATH))]
+    pub ready_path: HostPath,
 }
 
 impl EdgeSettings {
     /// The socket address to listen on.
     pub fn listen_addr(&self) -> SocketAddr {
         SocketAddr::new(self.bind, self.port)
+    }
+
+    /// Where the host serves its own pages.
+    pub fn host_pages(&self) -> HostPages {
+        HostPages {
+            metrics: self.metrics_path.clone(),
+            live: self.live_path.clone(),
+            ready: self.ready_path.clone(),
+        }
     }
 
     /// What one client may use of the host.

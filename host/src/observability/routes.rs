@@ -1,49 +1,51 @@
 //! Route templates. The guest owns routing and names the template each request matched
 //! (`telemetry.set-route`); the host labels spans and metrics with it, a bounded set per guest.
-//! The host knows one route of its own, `/metrics`, and nothing of the guest's API.
+//! The host knows three routes of its own, its pages (`/metrics`, `/livez`, `/readyz`), and
+//! nothing of the guest's API.
 
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
-/// The host's own metrics endpoint unless `--metrics-path` moves it.
+/// The host's own metrics page unless `--metrics-path` moves it.
 pub const METRICS_PATH: &str = "/metrics";
-/// The longest path `--metrics-path` takes.
-const MAX_METRICS_PATH_BYTES: usize = 1024;
+/// The host's liveness page unless `--live-path` moves it.
+pub const LIVE_PATH: &str = "/livez";
+/// The host's readiness page unless `--ready-path` moves it.
+pub const READY_PATH: &str = "/readyz";
+/// The longest path a page's flag takes.
+const MAX_PAGE_PATH_BYTES: usize = 1024;
 
-/// Where the host serves its metrics page: a path of its own, or nowhere (`off`), so that a
-/// guest may own `/metrics`.
+/// Where the host serves one of its own pages: a path of its own, or nowhere (`off`), so that
+/// a guest may own the path.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum MetricsPath {
-    /// The host serves no metrics page; every path goes to the guest.
+pub enum HostPath {
+    /// The host serves no such page; the path goes to the guest.
     Off,
     /// The host answers this path itself.
     At(Arc<str>),
 }
 
-impl Default for MetricsPath {
-    fn default() -> MetricsPath {
-        MetricsPath::At(Arc::from(METRICS_PATH))
-    }
-}
-
-impl MetricsPath {
-    /// `off`, or a `/`-rooted path of printable ASCII; empty counts as unset (the default).
-    pub fn parse(value: &str) -> Result<MetricsPath, String> {
-        match value {
-            "off" => Ok(MetricsPath::Off),
-            "" => Ok(MetricsPath::default()),
+impl HostPath {
+    /// The parser of a page's flag whose default is `default`: `off`, or a `/`-rooted path of
+    /// printable ASCII; empty counts as unset (the default).
+    pub fn parser(
+        default: &'static str,
+    ) -> impl Fn(&str) -> Result<HostPath, String> + Clone + Send + Sync + 'static {
+        move |value| match value {
+            "off" => Ok(HostPath::Off),
+            "" => Ok(HostPath::At(Arc::from(default))),
             path if path.starts_with('/')
-                && path.len() <= MAX_METRICS_PATH_BYTES
+                && path.len() <= MAX_PAGE_PATH_BYTES
                 && path
                     .bytes()
                     .all(|byte| byte.is_ascii_graphic() && byte != b'?') =>
             {
-                Ok(MetricsPath::At(Arc::from(path)))
+                Ok(HostPath::At(Arc::from(path)))
             }
             _ => Err(format!(
                 "expected `off` or a path starting with `/`, without spaces or a query (at most \
-                 {MAX_METRICS_PATH_BYTES} bytes)"
+                 {MAX_PAGE_PATH_BYTES} bytes)"
             )),
         }
     }
@@ -51,11 +53,73 @@ impl MetricsPath {
     /// The path the host answers itself, if any.
     pub fn path(&self) -> Option<&Arc<str>> {
         match self {
-            MetricsPath::Off => None,
-            MetricsPath::At(path) => Some(path),
+            HostPath::Off => None,
+            HostPath::At(path) => Some(path),
         }
     }
 }
+
+/// One of the host's own pages.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HostPage {
+    /// The Prometheus page.
+    Metrics,
+    /// 200 while the host answers at all: for a liveness probe.
+    Live,
+    /// 200 while the host can serve the API (its guest loaded and probed, its store reachable),
+    /// else 503: for a readiness probe.
+    Ready,
+}
+
+/// Where the host serves each of its pages.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HostPages {
+    /// The metrics page.
+    pub metrics: HostPath,
+    /// The liveness page.
+    pub live: HostPath,
+    /// The readiness page.
+    pub ready: HostPath,
+}
+
+impl Default for HostPages {
+    fn default() -> HostPages {
+        HostPages {
+            metrics: HostPath::At(Arc::from(METRICS_PATH)),
+            live: HostPath::At(Arc::from(LIVE_PATH)),
+            ready: HostPath::At(Arc::from(READY_PATH)),
+        }
+    }
+}
+
+impl HostPages {
+    /// The page served at `path`, and that path, if the host serves one there.
+    pub fn at(&self, path: &str) -> Option<(HostPage, &Arc<str>)> {
+        [
+            (HostPage::Metrics, &self.metrics),
+            (HostPage::Live, &self.live),
+            (HostPage::Ready, &self.ready),
+        ]
+        .into_iter()
+        .find_map(|(page, at)| {
+            at.path()
+                .filter(|at| at.as_ref() == path)
+                .map(|at| (page, at))
+        })
+    }
+
+    /// A path two pages share, which start-up refuses.
+    pub fn shared_path(&self) -> Option<&str> {
+        let paths = [&self.metrics, &self.live, &self.ready].map(HostPath::path);
+        paths.iter().enumerate().find_map(|(index, path)| {
+            let path = (*path)?;
+            paths[index + 1..]
+                .contains(&Some(path))
+                .then_some(path.as_ref())
+        })
+    }
+}
+
 /// The route of a request whose guest named no template: an unknown path.
 pub const UNMATCHED: &str = "unmatched";
 /// The route of a request whose guest named a template past the per-guest cap, or not a
@@ -108,11 +172,11 @@ impl RouteTemplates {
     }
 }
 
-/// A `/`-rooted path of printable ASCII (no spaces), short enough to be a label, and not the
-/// host's own route's default path (a guest's `/metrics` with the host's page moved is labelled
+/// A `/`-rooted path of printable ASCII (no spaces), short enough to be a label, and not one of
+/// the host's pages' default paths (a guest's `/metrics` with the host's page moved is labelled
 /// [`OTHER`]: one rule, whatever the flags).
 fn is_template(template: &str) -> bool {
-    template != METRICS_PATH
+    ![METRICS_PATH, LIVE_PATH, READY_PATH].contains(&template)
         && template.starts_with('/')
         && template.len() <= MAX_TEMPLATE_BYTES
         && template.bytes().all(|byte| byte.is_ascii_graphic())
@@ -162,10 +226,52 @@ mod tests {
     }
 
     #[test]
-    fn the_hosts_own_route_is_no_guests_template() {
-        assert!(matches!(
-            RouteTemplates::default().label(METRICS_PATH),
-            Label::Folded { .. }
-        ));
+    fn the_hosts_own_routes_are_no_guests_templates() {
+        for page in [METRICS_PATH, LIVE_PATH, READY_PATH] {
+            assert!(matches!(
+                RouteTemplates::default().label(page),
+                Label::Folded { .. }
+            ));
+        }
+    }
+
+    #[test]
+    fn a_page_is_found_at_its_path_and_nowhere_once_off() {
+        let ready = HostPath::parser(READY_PATH);
+        let pages = HostPages {
+            ready: ready("/ready/now").unwrap(),
+            live: ready("off").unwrap(),
+            ..HostPages::default()
+        };
+        assert_eq!(
+            pages.at("/ready/now").map(|(page, _)| page),
+            Some(HostPage::Ready)
+        );
+        assert_eq!(
+            pages.at("/metrics").map(|(page, _)| page),
+            Some(HostPage::Metrics)
+        );
+        assert_eq!(pages.at(READY_PATH), None);
+        assert_eq!(pages.at(LIVE_PATH), None);
+        assert_eq!(ready("").unwrap(), HostPath::At(Arc::from(READY_PATH)));
+        for bad in ["ready", "/a b", "/a?b", "/é"] {
+            assert!(ready(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn two_pages_on_one_path_are_found_out() {
+        assert_eq!(HostPages::default().shared_path(), None);
+        let pages = HostPages {
+            live: HostPath::At(Arc::from(METRICS_PATH)),
+            ..HostPages::default()
+        };
+        assert_eq!(pages.shared_path(), Some(METRICS_PATH));
+        let off = HostPages {
+            live: HostPath::Off,
+            ready: HostPath::Off,
+            ..HostPages::default()
+        };
+        assert_eq!(off.shared_path(), None);
     }
 }

@@ -106,6 +106,14 @@ impl UserStore {
         }
     }
 
+    /// Whether the store answers now (the memory store always does); the cause when it does not.
+    pub async fn check(&self) -> Result<(), Unavailable> {
+        match self {
+            UserStore::Memory(_) => Ok(()),
+            UserStore::Postgres(store) => store.check().await,
+        }
+    }
+
     /// The OpenTelemetry database attributes of this store's spans that do not change per call.
     pub fn span_target(&self) -> SpanTarget<'_> {
         match self {

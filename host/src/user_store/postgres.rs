@@ -59,15 +59,13 @@ pub struct PostgresSettings {
 
 impl PostgresSettings {
     /// Parses a `postgres://` URL (with `sslmode`, `options` and the other usual parameters).
-    /// The error never repeats the URL, which may hold a password.
-    pub fn parse_url(url: &str) -> Result<tokio_postgres::Config, Error> {
+    /// The error, what is wrong, never repeats the URL, which may hold a password.
+    pub fn parse_url(url: &str) -> Result<tokio_postgres::Config, String> {
         let config: tokio_postgres::Config = url
             .parse()
-            .map_err(|error| Error::StoreSetting(format!("not a PostgreSQL URL ({error})")))?;
+            .map_err(|error| format!("not a PostgreSQL URL ({error})"))?;
         if config.get_hosts().is_empty() {
-            return Err(Error::StoreSetting(
-                "the PostgreSQL URL names no host".to_string(),
-            ));
+            return Err("the PostgreSQL URL names no host".to_string());
         }
         // `user:p@ss@host` splits at the first `@`: part of the password would become the host,
         // and be shown in messages and spans.
@@ -76,17 +74,17 @@ impl PostgresSettings {
             .iter()
             .any(|host| matches!(host, Host::Tcp(name) if name.contains('@')));
         if tcp_host_has_at {
-            return Err(Error::StoreSetting(
+            return Err(
                 "the URL holds an unescaped '@': percent-encode it in the password (%40)"
                     .to_string(),
-            ));
+            );
         }
         if config.get_ssl_mode() == SslMode::Require {
-            return Err(Error::StoreSetting(
+            return Err(
                 "sslmode=require asks for TLS, which this host does not speak to PostgreSQL; \
                  use sslmode=disable or prefer (on a trusted network or through a TLS proxy)"
                     .to_string(),
-            ));
+            );
         }
         Ok(config)
     }
@@ -100,6 +98,8 @@ pub struct PostgresStore {
     count_cache: std::sync::Mutex<Option<(Instant, u64)>>,
     /// Held by the one `/metrics` scrape that refreshes the count.
     count_refresh: tokio::sync::Mutex<()>,
+    /// Why the last refresh of the count failed, until one succeeds: what readiness reports.
+    count_failure: std::sync::Mutex<Option<Unavailable>>,
     /// Users already seen, for lookups by id: they never change.
     found: FoundUsers,
     /// `postgres://host:port/database`, without user or password: for messages and spans.
@@ -183,12 +183,13 @@ impl PostgresStore {
             .create_timeout(Some(settings.call_timeout))
             .recycle_timeout(Some(settings.call_timeout))
             .build()
-            .map_err(|error| Error::StoreSetting(error.to_string()))?;
+            .expect("a pool with a runtime always builds");
         let store = PostgresStore {
             pool,
             call_timeout: settings.call_timeout,
             count_cache: std::sync::Mutex::new(None),
             count_refresh: tokio::sync::Mutex::new(()),
+            count_failure: std::sync::Mutex::new(None),
             found: FoundUsers::new(settings.found_users_bytes),
             target,
         };
@@ -204,16 +205,23 @@ impl PostgresStore {
                 Ok(Err(error)) => error,
                 Err(_) => StartUpError::TimedOut(remaining),
             };
-            // Wrong credentials or a missing database will not fix themselves: say so at once.
-            let hopeless = matches!(error, StartUpError::NewerSchema(_))
-                || error.code().is_some_and(|code| {
-                    code.code().starts_with("28") || *code == SqlState::INVALID_CATALOG_NAME
-                });
+            // Wrong credentials, a role without rights or a missing database will not fix
+            // themselves: say so at once.
             if error.code() == Some(&SqlState::INVALID_CATALOG_NAME) {
                 return Err(Error::StoreDatabaseMissing {
                     target: store.target.to_string(),
                 });
             }
+            let refused = error.code().is_some_and(|code| {
+                code.code().starts_with("28") || *code == SqlState::INSUFFICIENT_PRIVILEGE
+            });
+            if refused {
+                return Err(Error::StoreRefused {
+                    target: store.target.to_string(),
+                    reason: error.one_line(),
+                });
+            }
+            let hopeless = matches!(error, StartUpError::NewerSchema(_));
             let remaining = settings.connect_wait.saturating_sub(started.elapsed());
             if hopeless || remaining.is_zero() {
                 return Err(Error::StoreUnreachable {
@@ -448,6 +456,10 @@ impl PostgresStore {
                 Ok(count.unwrap_or(0).try_into().unwrap_or(0))
             })
             .await;
+        *self
+            .count_failure
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = counted.as_ref().err().cloned();
         match counted {
             Ok(count) => {
                 *self
@@ -459,6 +471,17 @@ impl PostgresStore {
             }
             Err(_) => cached.map(|(_, count)| count),
         }
+    }
+
+    /// Whether the database answers: the count's query (run at most once a second, whatever the
+    /// number of callers), and the cause of its last failure until it succeeds again.
+    pub async fn check(&self) -> Result<(), Unavailable> {
+        self.count().await;
+        let failure = self
+            .count_failure
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        failure.clone().map_or(Ok(()), Err)
     }
 
     /// Runs `work` on a pooled connection within the call timeout (the wait for a connection

@@ -4,7 +4,6 @@ use std::time::Duration;
 
 use clap::Args;
 
-use crate::error::Error;
 use crate::machine::machine_memory;
 use crate::user_store::StoreChoice;
 use crate::user_store::postgres::PostgresSettings;
@@ -73,10 +72,19 @@ impl StoreSettings {
             .map_or(machine_memory() as u64 / 8, |mb| mb << 20)
     }
 
+    /// The flag whose value [`StoreSettings::choice`] reads: `--store`, else `--database-url`.
+    pub fn chosen_flag(&self) -> &'static str {
+        if self.store.is_some() {
+            "--store"
+        } else {
+            "--database-url"
+        }
+    }
+
     /// The store `--store` (or `USER_STORE`, or `DATABASE_URL`) names, its calls given up after
-    /// [`store_call_timeout`] of `request_timeout`. An error never repeats the setting, which
-    /// may hold a password.
-    pub fn choice(&self, request_timeout: Duration) -> Result<StoreChoice, Error> {
+    /// [`store_call_timeout`] of `request_timeout`. The error, what is wrong, never repeats the
+    /// setting, which may hold a password.
+    pub fn choice(&self, request_timeout: Duration) -> Result<StoreChoice, String> {
         let setting = self.store.as_ref().or(self.database_url.as_ref());
         let setting = setting.map_or(MEMORY_STORE, |setting| setting.0.as_str());
         if setting == MEMORY_STORE {
@@ -85,9 +93,7 @@ impl StoreSettings {
             });
         }
         if !(setting.starts_with("postgres://") || setting.starts_with("postgresql://")) {
-            return Err(Error::StoreSetting(
-                "expected `memory` or a postgres:// URL".to_string(),
-            ));
+            return Err("expected `memory` or a postgres:// URL".to_string());
         }
         Ok(StoreChoice::Postgres(Box::new(PostgresSettings {
             config: PostgresSettings::parse_url(setting)?,
