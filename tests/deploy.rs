@@ -7,7 +7,9 @@ use std::process::Command;
 
 /// The text of a file under `deploy/kubernetes`.
 fn manifest(name: &str) -> String {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/kubernetes").join(name);
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../deploy/kubernetes")
+        .join(name);
     std::fs::read_to_string(&path).unwrap_or_else(|error| panic!("{}: {error}", path.display()))
 }
 
@@ -50,7 +52,10 @@ fn value_after<'a>(yaml: &'a str, after: &str, key: &str) -> &'a str {
 fn variables_set(yaml: &str) -> Vec<&str> {
     yaml.lines()
         .filter_map(|line| line.trim().strip_prefix("- name: "))
-        .filter(|name| name.bytes().all(|byte| byte.is_ascii_uppercase() || byte == b'_'))
+        .filter(|name| {
+            name.bytes()
+                .all(|byte| byte.is_ascii_uppercase() || byte == b'_')
+        })
         .collect()
 }
 
@@ -86,7 +91,10 @@ fn the_container_port_the_scrape_and_the_service_agree_with_the_hosts_port() {
     );
     // The Service and the probes reach the container by its port's name.
     let name = value_after(&deployment, "ports", "- name");
-    assert_eq!(value_after(&manifest("service.yaml"), "ports", "targetPort"), name);
+    assert_eq!(
+        value_after(&manifest("service.yaml"), "ports", "targetPort"),
+        name
+    );
     assert_eq!(value_after(&deployment, "httpGet", "port"), name);
 }
 
@@ -112,8 +120,14 @@ fn every_variable_the_manifests_set_is_one_the_host_reads() {
         );
     }
     // The store's URL comes from the Secret, under the variable the host reads it from.
-    assert_eq!(value_after(&deployment, "secretKeyRef", "key"), "DATABASE_URL");
-    assert_eq!(value_after(&deployment, "secretKeyRef", "name"), "tutorial-service-database");
+    assert_eq!(
+        value_after(&deployment, "secretKeyRef", "key"),
+        "DATABASE_URL"
+    );
+    assert_eq!(
+        value_after(&deployment, "secretKeyRef", "name"),
+        "tutorial-service-database"
+    );
     assert!(help.contains("[env: DATABASE_URL"));
 }
 
@@ -124,7 +138,10 @@ fn the_pod_outlasts_the_hosts_drain_and_its_memory_limit_holds_a_full_guest() {
         .parse()
         .unwrap();
     // The drain, then the telemetry's flush (5 s at most), before Kubernetes kills the pod.
-    assert!(grace > host::edge::server::SHUTDOWN_GRACE.as_secs() + 5, "{grace}");
+    assert!(
+        grace > host::edge::server::SHUTDOWN_GRACE.as_secs() + 5,
+        "{grace}"
+    );
     let mebibytes = |quantity: &str| -> u64 {
         match quantity.split_at(quantity.len() - 2) {
             (number, "Mi") => number.parse().unwrap(),

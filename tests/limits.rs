@@ -243,6 +243,53 @@ async fn what_hyper_refuses_to_parse_is_answered_in_the_contracts_json_with_a_re
 }
 
 #[tokio::test]
+async fn a_head_of_64_kib_passes_one_byte_more_is_431_however_it_arrives_as_is_a_101st_field() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let host = Host::builder().start();
+    // A head of exactly `size` bytes: the request line, two fields, and one padding it out.
+    let head_of = |size: usize| {
+        let start = "GET /api/health HTTP/1.1\r\nHost: t\r\nConnection: close\r\nx-pad: ";
+        let pad = size - start.len() - "\r\n\r\n".len();
+        format!("{start}{}\r\n\r\n", "a".repeat(pad)).into_bytes()
+    };
+    let status =
+        |answer: &[u8]| String::from_utf8_lossy(answer.get(9..12).unwrap_or_default()).into_owned();
+    for (size, expected) in [(65_536, "200"), (65_537, "431"), (110_000, "431")] {
+        let head = head_of(size);
+        assert_eq!(head.len(), size);
+        let answer = raw_request(host.authority(), &head).await;
+        assert_eq!(
+            status(answer.as_bytes()),
+            expected,
+            "{size} bytes in one write"
+        );
+        // In 4 KiB pieces, the client pausing between them.
+        let mut stream = tokio::net::TcpStream::connect(host.authority())
+            .await
+            .unwrap();
+        for piece in head.chunks(4096) {
+            if stream.write_all(piece).await.is_err() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        let mut answer = Vec::new();
+        let _ =
+            tokio::time::timeout(Duration::from_secs(10), stream.read_to_end(&mut answer)).await;
+        assert_eq!(status(&answer), expected, "{size} bytes in 4 KiB pieces");
+    }
+    // hyper parses at most 100 fields: Host, Connection and 98 more pass; one more is 431.
+    for (more, expected) in [(98, "200"), (99, "431")] {
+        let fields: String = (0..more).map(|i| format!("x-h{i}: v\r\n")).collect();
+        let request =
+            format!("GET /api/health HTTP/1.1\r\nHost: t\r\nConnection: close\r\n{fields}\r\n");
+        let answer = raw_request(host.authority(), request.as_bytes()).await;
+        assert_eq!(status(answer.as_bytes()), expected, "{} fields", more + 2);
+    }
+    assert_still_serving(&host).await;
+}
+
+#[tokio::test]
 async fn a_100_kb_request_line_is_refused_and_the_host_serves_on() {
     let host = Host::builder().start();
     let request = format!(

@@ -21,7 +21,8 @@ use std::time::Instant;
 use http_body::{Body, Frame, SizeHint};
 use tokio::sync::Notify;
 
-/// The most bytes of request line and headers hyper buffers; a larger head is refused by hyper.
+/// The most bytes of request line and header fields a head may take, exactly; hyper answers a
+/// larger one 431.
 pub const MAX_HEADER_BYTES: usize = 64 * 1024;
 /// Descriptors kept back from the connection cap for everything else the host opens (store
 /// connections, log files, the compiled-component cache, the exporters' sockets).

@@ -516,6 +516,9 @@ pub async fn serve(listener: TcpListener, app: Arc<App>, shutdown: impl Future<O
         let connection = http1::Builder::new()
             .timer(TokioTimer::new())
             .header_read_timeout(HEADER_READ_TIMEOUT)
+            // The head's own bound, exact however its bytes arrive; the buffer's alone let a head
+            // that came in one burst pass it by up to half.
+            .max_header_size(MAX_HEADER_BYTES)
             .max_buf_size(MAX_HEADER_BYTES)
             .serve_connection(
                 TokioIo::new(ClientStream::new(
