@@ -63,9 +63,10 @@ pub struct GuestSettings {
           value_parser = clap::value_parser!(u64).range(1..=4096))]
     pub guest_memory_mb: u64,
 
-    /// Linear memory all guest instances together may grow to, in MiB [default: half the
-    /// machine's memory]; past it a guest's `memory.grow` fails and a request whose instance
-    /// cannot get memory is answered 503.
+    /// Memory all guest instances together may take, their linear memory and the objects they
+    /// hold on the host's side, in MiB [default: half of the memory this process may use, the
+    /// machine's or its cgroup's limit]; past it a guest's `memory.grow` fails and a request
+    /// whose instance cannot get memory is answered 503.
     #[arg(long, env = "GUEST_MEMORY_BUDGET_MB",
           value_parser = clap::value_parser!(u64).range(1..=16 << 20))]
     pub guest_memory_budget_mb: Option<u64>,

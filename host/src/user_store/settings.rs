@@ -42,8 +42,9 @@ pub struct StoreSettings {
     #[arg(long, env = "MAX_USERS", default_value_t = DEFAULT_MAX_USERS)]
     pub max_users: u64,
 
-    /// Memory the users of the `memory` store may take, in MiB [default: an eighth of the
-    /// machine's memory]; creating a user past it answers 503 `User store is full`.
+    /// Memory the users of the `memory` store may take, in MiB [default: an eighth of the memory
+    /// this process may use, the machine's or its cgroup's limit]; creating a user past it
+    /// answers 503 `User store is full`.
     #[arg(long, env = "MAX_STORE_MB", value_parser = clap::value_parser!(u64).range(1..=16 << 20))]
     pub max_store_mb: Option<u64>,
 
