@@ -4,6 +4,7 @@
 
 use std::path::Path;
 use std::process::Command;
+use std::time::Duration;
 
 /// The text of a file under `deploy/kubernetes`.
 fn manifest(name: &str) -> String {
@@ -13,10 +14,11 @@ fn manifest(name: &str) -> String {
     std::fs::read_to_string(&path).unwrap_or_else(|error| panic!("{}: {error}", path.display()))
 }
 
-/// The host's long `--help`.
+/// The host's long `--help`, its defaults unchanged by this process's environment.
 fn help() -> String {
     let output = Command::new(env!("CARGO_BIN_EXE_host"))
         .arg("--help")
+        .env_clear()
         .output()
         .unwrap();
     assert!(output.status.success());
@@ -35,11 +37,14 @@ fn help_default<'a>(help: &'a str, variable: &str) -> &'a str {
         .unwrap_or_else(|| panic!("--help gives {variable} no default: {line:?}"))
 }
 
-/// The value of the first `key:` after the line `after:` or `after` (both trimmed), in `yaml`.
+/// The value of the first `key:` after the line `after:` or `after` (both trimmed; from the
+/// start when `after` is empty), in `yaml`.
 fn value_after<'a>(yaml: &'a str, after: &str, key: &str) -> &'a str {
     let start = yaml
         .lines()
-        .position(|line| line.trim() == after || line.trim() == format!("{after}:"))
+        .position(|line| {
+            after.is_empty() || line.trim() == after || line.trim() == format!("{after}:")
+        })
         .unwrap_or_else(|| panic!("no {after}:"));
     yaml.lines()
         .skip(start)
@@ -89,13 +94,18 @@ fn the_container_port_the_scrape_and_the_service_agree_with_the_hosts_port() {
         value_after(&deployment, "annotations", "prometheus.io/port"),
         port
     );
-    // The Service and the probes reach the container by its port's name.
+    // The Service and every probe reach the container by its port's name.
     let name = value_after(&deployment, "ports", "- name");
     assert_eq!(
         value_after(&manifest("service.yaml"), "ports", "targetPort"),
         name
     );
-    assert_eq!(value_after(&deployment, "httpGet", "port"), name);
+    let probes: Vec<&str> = deployment
+        .split("httpGet:")
+        .skip(1)
+        .map(|probe| value_after(probe, "", "port"))
+        .collect();
+    assert_eq!(probes, [name; 3]);
 }
 
 #[test]
@@ -106,6 +116,7 @@ fn every_variable_the_manifests_set_is_one_the_host_reads() {
     let data = configmap
         .lines()
         .skip_while(|line| *line != "data:")
+        .filter(|line| !line.trim_start().starts_with('#'))
         .filter_map(|line| line.strip_prefix("  ")?.split_once(": "))
         .map(|(key, _)| key);
     let mut set: Vec<&str> = variables_set(&deployment).into_iter().chain(data).collect();
@@ -132,15 +143,27 @@ fn every_variable_the_manifests_set_is_one_the_host_reads() {
 }
 
 #[test]
-fn the_pod_outlasts_the_hosts_drain_and_its_memory_limit_holds_a_full_guest() {
+fn the_pod_outlasts_the_pause_the_drain_and_the_flush_and_its_memory_holds_a_full_guest() {
     let deployment = manifest("deployment.yaml");
     let grace: u64 = value_after(&deployment, "spec", "terminationGracePeriodSeconds")
         .parse()
         .unwrap();
-    // The drain, then the telemetry's flush (5 s at most), before Kubernetes kills the pod.
+    let pause: u64 = value_after(&deployment, "exec", "command")
+        .strip_prefix(r#"["/bin/sleep", ""#)
+        .and_then(|rest| rest.strip_suffix(r#""]"#))
+        .expect("a pre-stop sleep")
+        .parse()
+        .unwrap();
+    // The pause, the settling reads, the drain, the telemetry's flush and the runtime's last
+    // second (main.rs), before Kubernetes kills the pod.
+    let needed = Duration::from_secs(pause)
+        + host::edge::server::SHUTDOWN_SETTLE
+        + host::edge::server::SHUTDOWN_GRACE
+        + host::observability::pipeline::FLUSH_DEADLINE
+        + Duration::from_secs(1);
     assert!(
-        grace > host::edge::server::SHUTDOWN_GRACE.as_secs() + 5,
-        "{grace}"
+        Duration::from_secs(grace) > needed,
+        "{grace} s against {needed:?}"
     );
     let mebibytes = |quantity: &str| -> u64 {
         match quantity.split_at(quantity.len() - 2) {
@@ -150,9 +173,32 @@ fn the_pod_outlasts_the_hosts_drain_and_its_memory_limit_holds_a_full_guest() {
         }
     };
     let limit = mebibytes(value_after(&deployment, "limits", "memory"));
-    let request = mebibytes(value_after(&deployment, "requests", "memory"));
-    assert!(request <= limit);
+    // The host sizes itself to the limit: the scheduler must reserve all of it.
+    assert_eq!(
+        mebibytes(value_after(&deployment, "requests", "memory")),
+        limit
+    );
     // The host gives its guests half of the limit it reads from the cgroup.
     let guest_memory: u64 = help_default(&help(), "GUEST_MEMORY_MB").parse().unwrap();
     assert!(limit / 2 >= 2 * guest_memory, "{limit} MiB");
+}
+
+#[test]
+fn the_host_writes_only_to_its_volume_under_a_read_only_root() {
+    let deployment = manifest("deployment.yaml");
+    assert_eq!(
+        value_after(&deployment, "securityContext", "readOnlyRootFilesystem"),
+        "true"
+    );
+    let cache = value_after(&deployment, "volumeMounts", "mountPath");
+    assert!(
+        value_after(&deployment, "- name: GUEST_CACHE_DIR", "value")
+            .starts_with(&format!("{cache}/")),
+        "the cache is a directory the host creates inside the volume"
+    );
+    // Log lines go to stdout; the log file, which only grows, goes nowhere.
+    assert_eq!(
+        value_after(&deployment, "- name: LOG_FILE", "value"),
+        "/dev/null"
+    );
 }

@@ -267,18 +267,24 @@ async fn a_restart_on_an_existing_database_logs_no_library_notice_and_no_build_p
     }
 }
 
-#[test]
-fn a_database_that_does_not_exist_is_said_plainly_at_start() {
-    let url = support::postgres::Server::shared().create_database();
-    let missing = format!("{}_missing", url);
+/// What a host started on the store `url` said before it failed to start, and how long it took.
+fn start_failure_on(url: &str) -> (String, Duration) {
     let mut command = Command::new(env!("CARGO_BIN_EXE_host"));
     command
         .args(["--bind", "127.0.0.1", "--port", "0", "--guest"])
         .arg(guest_path("guest"))
-        .env("USER_STORE", &missing);
+        .env("USER_STORE", url);
+    let started = Instant::now();
     let output = support::run_to_exit(command, Duration::from_secs(30));
-    assert!(!output.status.success());
-    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success(), "the host started on {url}");
+    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+    (stderr, started.elapsed())
+}
+
+#[test]
+fn a_database_that_does_not_exist_is_said_plainly_at_start() {
+    let url = support::postgres::Server::shared().create_database();
+    let (stderr, _) = start_failure_on(&format!("{url}_missing"));
     assert!(
         stderr.contains("does not exist") && stderr.contains("create it first"),
         "{stderr}"
@@ -296,22 +302,14 @@ fn a_role_the_database_refuses_is_said_at_once_and_not_as_unreachable() {
     let reader = format!("reader_{}", uuid::Uuid::new_v4().simple());
     server.psql("postgres", &format!("CREATE ROLE {reader} LOGIN"));
     for store in [with_user("nobody_at_all"), with_user(&reader)] {
-        let mut command = Command::new(env!("CARGO_BIN_EXE_host"));
-        command
-            .args(["--bind", "127.0.0.1", "--port", "0", "--guest"])
-            .arg(guest_path("guest"))
-            .env("USER_STORE", &store);
-        let started = Instant::now();
-        let output = support::run_to_exit(command, Duration::from_secs(30));
-        assert!(!output.status.success());
-        let stderr = String::from_utf8_lossy(&output.stderr);
+        let (stderr, took) = start_failure_on(&store);
         assert!(
             stderr.contains("refused this host") && stderr.contains("check the URL's user"),
             "{store}: {stderr}"
         );
         assert!(!stderr.contains("cannot reach"), "{stderr}");
         // At once: not after the 10 s start-up spends waiting for a database that is down.
-        assert!(started.elapsed() < Duration::from_secs(8), "{store}");
+        assert!(took < Duration::from_secs(8), "{store}");
     }
 }
 
@@ -330,12 +328,18 @@ async fn the_hosts_pages_move_or_go_and_two_on_one_path_are_refused_at_start() {
     assert_eq!(status("/livez").await, 404);
     assert_eq!(status("/metrics").await, 200);
 
-    let output = run_host(&["--ready-path", "/metrics"], &[]);
-    assert!(!output.status.success());
+    let output = run_host(&["--live-path", "/metrics"], &[("READY_PATH", "/metrics")]);
+    assert_eq!(output.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(
+        stderr,
+        "error: --metrics-path and --live-path both name /metrics: each of the host's pages needs \
+         a path of its own\n"
+    );
+    let output = run_host(&[], &[("READY_PATH", "/livez")]);
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(
-        stderr
-            .contains("--metrics-path, --live-path and --ready-path must differ; two are /metrics"),
+        stderr.starts_with("error: --live-path and READY_PATH both name /livez"),
         "{stderr}"
     );
 }

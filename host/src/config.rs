@@ -12,6 +12,7 @@ use clap::{Arg, Command, CommandFactory, FromArgMatches, Parser};
 
 use crate::edge::settings::EdgeSettings;
 use crate::error::Error;
+use crate::observability::routes::HostPage;
 use crate::observability::settings::{self, Env, TelemetryArgs, TelemetrySettings};
 use crate::runtime::settings::GuestSettings;
 use crate::user_store::StoreChoice;
@@ -102,6 +103,16 @@ impl Config {
         let mut config =
             Config::from_arg_matches(&matches).map_err(|error| explain(error, &from_variables))?;
         config.from_variables = from_variables;
+        if let Some((first, second, path)) = config.edge.host_pages().shared_path() {
+            let [first, second] = [first, second].map(|page| config.named(page_flag(page)));
+            return Err(NotRead {
+                message: format!(
+                    "error: {first} and {second} both name {path}: each of the host's pages needs a \
+                     path of its own\n"
+                ),
+                is_error: true,
+            });
+        }
         Ok(config)
     }
 
@@ -127,6 +138,15 @@ impl Config {
     /// Where log lines and spans go, once the OpenTelemetry variables `var` gives are checked.
     pub fn telemetry(&self, var: Env) -> Result<TelemetrySettings, Error> {
         self.telemetry.settings(var)
+    }
+}
+
+/// The flag that places `page`.
+fn page_flag(page: HostPage) -> &'static str {
+    match page {
+        HostPage::Metrics => "--metrics-path",
+        HostPage::Live => "--live-path",
+        HostPage::Ready => "--ready-path",
     }
 }
 

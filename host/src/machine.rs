@@ -19,19 +19,25 @@ pub fn machine_memory() -> usize {
 }
 
 /// The memory limit of this process's cgroup, v2 (`memory.max`) or v1
-/// (`memory.limit_in_bytes`), if it has one.
+/// (`memory.limit_in_bytes`), if it has one: under its path in the hierarchy, or at the
+/// hierarchy's root where a container sees its own cgroup there (v1 without a cgroup namespace).
 fn cgroup_memory_limit() -> Option<usize> {
     let membership = std::fs::read_to_string("/proc/self/cgroup").ok()?;
     membership.lines().find_map(|line| {
         let mut fields = line.splitn(3, ':');
         let (_, controllers, path) = (fields.next()?, fields.next()?, fields.next()?);
-        let file = if controllers.is_empty() {
-            format!("/sys/fs/cgroup{path}/memory.max")
+        let (root, file) = if controllers.is_empty() {
+            ("/sys/fs/cgroup", "memory.max")
         } else if controllers.split(',').any(|name| name == "memory") {
-            format!("/sys/fs/cgroup/memory{path}/memory.limit_in_bytes")
+            ("/sys/fs/cgroup/memory", "memory.limit_in_bytes")
         } else {
             return None;
         };
-        std::fs::read_to_string(file).ok()?.trim().parse().ok()
+        [format!("{root}{path}/{file}"), format!("{root}/{file}")]
+            .iter()
+            .find_map(|candidate| std::fs::read_to_string(candidate).ok())?
+            .trim()
+            .parse()
+            .ok()
     })
 }

@@ -75,10 +75,6 @@ fn main() -> ExitCode {
 }
 
 async fn run(config: Config, telemetry: &Telemetry) -> anyhow::Result<()> {
-    let pages = config.edge.host_pages();
-    if let Some(path) = pages.shared_path() {
-        anyhow::bail!("--metrics-path, --live-path and --ready-path must differ; two are {path}");
-    }
     let cache = ComponentCache::new(&config.runtime.cache_dir);
     let runtime = Arc::new(
         Runtime::new(cache, config.runtime.limits())?
@@ -119,7 +115,7 @@ async fn run(config: Config, telemetry: &Telemetry) -> anyhow::Result<()> {
             Arc::clone(&metrics),
             config.edge.client_limits(),
         )
-        .with_host_pages(pages),
+        .with_host_pages(config.edge.host_pages()),
     );
     if let Some(every) = telemetry.metric_push_interval() {
         tokio::spawn(Arc::clone(&app).refresh_users_stored(every));

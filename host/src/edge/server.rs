@@ -35,7 +35,7 @@ use crate::observability::request_span::RequestSpan;
 use crate::observability::routes::{HostPage, HostPages};
 use crate::runtime::Serving;
 use crate::runtime::store::RequestContext;
-use crate::user_store::{Unavailable, UserStore};
+use crate::user_store::UserStore;
 
 /// The header that carries a request's id, in both directions.
 pub const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
@@ -47,9 +47,6 @@ pub const WRITE_STALL_TIMEOUT: Duration = Duration::from_secs(10);
 pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long a `/metrics` scrape waits for the store's user count before it serves the last one.
 pub const USERS_STORED_WAIT: Duration = Duration::from_millis(250);
-/// How long the readiness page waits for the store: less than a Kubernetes probe's default
-/// timeout of 1 s.
-pub const READY_STORE_WAIT: Duration = Duration::from_millis(800);
 /// How long in-flight requests may take to finish once shutdown starts.
 /// Shorter than the 15 s `stop_grace_period` of `deploy/docker-compose.yml` (Docker's default is
 /// 10 s), so spans and log lines are flushed before the container is killed, even when a slow
@@ -301,13 +298,7 @@ impl App {
             HostPage::Ready => {
                 // Serving at all means the guest is loaded and passed its probe: start-up and
                 // every swap wait for both. What can fail later is the store.
-                let checked = tokio::time::timeout(READY_STORE_WAIT, self.users.check()).await;
-                match checked.unwrap_or_else(|_| {
-                    Err(Unavailable(format!(
-                        "no answer within {} ms",
-                        READY_STORE_WAIT.as_millis()
-                    )))
-                }) {
+                match self.users.check() {
                     Ok(()) => {
                         tracing::info!("readiness page served");
                         let ready = serde_json::json!({

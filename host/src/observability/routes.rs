@@ -108,15 +108,23 @@ impl HostPages {
         })
     }
 
-    /// A path two pages share, which start-up refuses.
-    pub fn shared_path(&self) -> Option<&str> {
-        let paths = [&self.metrics, &self.live, &self.ready].map(HostPath::path);
-        paths.iter().enumerate().find_map(|(index, path)| {
-            let path = (*path)?;
-            paths[index + 1..]
-                .contains(&Some(path))
-                .then_some(path.as_ref())
-        })
+    /// Two pages on one path, which start-up refuses, and that path.
+    pub fn shared_path(&self) -> Option<(HostPage, HostPage, &str)> {
+        let pages = [
+            (HostPage::Metrics, self.metrics.path()),
+            (HostPage::Live, self.live.path()),
+            (HostPage::Ready, self.ready.path()),
+        ];
+        pages
+            .iter()
+            .enumerate()
+            .find_map(|(index, &(first, path))| {
+                let path = path?;
+                let (second, _) = pages[index + 1..]
+                    .iter()
+                    .find(|(_, other)| *other == Some(path))?;
+                Some((first, *second, path.as_ref()))
+            })
     }
 }
 
@@ -266,7 +274,10 @@ mod tests {
             live: HostPath::At(Arc::from(METRICS_PATH)),
             ..HostPages::default()
         };
-        assert_eq!(pages.shared_path(), Some(METRICS_PATH));
+        assert_eq!(
+            pages.shared_path(),
+            Some((HostPage::Metrics, HostPage::Live, METRICS_PATH))
+        );
         let off = HostPages {
             live: HostPath::Off,
             ready: HostPath::Off,

@@ -6,6 +6,7 @@
 //! WIT interface and never know which one it is.
 
 pub mod found;
+pub mod health;
 pub mod memory;
 pub mod postgres;
 pub mod settings;
@@ -106,11 +107,12 @@ impl UserStore {
         }
     }
 
-    /// Whether the store answers now (the memory store always does); the cause when it does not.
-    pub async fn check(&self) -> Result<(), Unavailable> {
+    /// Whether the store answers (the memory store always does), judged at once; the cause
+    /// when it does not.
+    pub fn check(&self) -> Result<(), Unavailable> {
         match self {
             UserStore::Memory(_) => Ok(()),
-            UserStore::Postgres(store) => store.check().await,
+            UserStore::Postgres(store) => store.check(),
         }
     }
 

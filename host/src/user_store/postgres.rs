@@ -5,6 +5,7 @@
 //! failure is [`Unavailable`], never a panic or a trap. The schema is created at start by
 //! versioned migrations under an advisory lock, so replicas may start at the same moment.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use deadpool_postgres::{Manager, ManagerConfig, Object, Pool, RecyclingMethod, Runtime};
@@ -17,6 +18,7 @@ use uuid::Uuid;
 
 use crate::error::{Error, one_line};
 use crate::user_store::found::FoundUsers;
+use crate::user_store::health::Health;
 use crate::user_store::user::{CreateError, Unavailable, User, email_key};
 
 /// The migrations, in order; each runs once per database, inside the start-up transaction.
@@ -92,18 +94,24 @@ impl PostgresSettings {
 
 /// Users in PostgreSQL.
 pub struct PostgresStore {
-    pool: Pool,
-    call_timeout: Duration,
+    connections: Connections,
     /// The last user count and when it was read, for `/metrics`.
     count_cache: std::sync::Mutex<Option<(Instant, u64)>>,
     /// Held by the one `/metrics` scrape that refreshes the count.
     count_refresh: tokio::sync::Mutex<()>,
-    /// Why the last refresh of the count failed, until one succeeds: what readiness reports.
-    count_failure: std::sync::Mutex<Option<Unavailable>>,
     /// Users already seen, for lookups by id: they never change.
     found: FoundUsers,
+}
+
+/// The pool and what every call on it needs; cheap to clone into a task of its own.
+#[derive(Clone)]
+struct Connections {
+    pool: Pool,
+    call_timeout: Duration,
     /// `postgres://host:port/database`, without user or password: for messages and spans.
-    target: Target,
+    target: Arc<Target>,
+    /// What readiness knows of the database's answers.
+    health: Arc<Health>,
 }
 
 /// Where the database is, without credentials.
@@ -185,13 +193,15 @@ impl PostgresStore {
             .build()
             .expect("a pool with a runtime always builds");
         let store = PostgresStore {
-            pool,
-            call_timeout: settings.call_timeout,
+            connections: Connections {
+                pool,
+                call_timeout: settings.call_timeout,
+                health: Arc::new(Health::new(Instant::now(), target.to_string())),
+                target: Arc::new(target),
+            },
             count_cache: std::sync::Mutex::new(None),
             count_refresh: tokio::sync::Mutex::new(()),
-            count_failure: std::sync::Mutex::new(None),
             found: FoundUsers::new(settings.found_users_bytes),
-            target,
         };
         let started = Instant::now();
         loop {
@@ -201,7 +211,10 @@ impl PostgresStore {
                 .saturating_sub(started.elapsed())
                 .max(RETRY_PAUSE);
             let error = match tokio::time::timeout(remaining, store.start_up(capacity)).await {
-                Ok(Ok(())) => return Ok(store),
+                Ok(Ok(())) => {
+                    store.connections.health.succeeded_at(Instant::now());
+                    return Ok(store);
+                }
                 Ok(Err(error)) => error,
                 Err(_) => StartUpError::TimedOut(remaining),
             };
@@ -209,7 +222,7 @@ impl PostgresStore {
             // themselves: say so at once.
             if error.code() == Some(&SqlState::INVALID_CATALOG_NAME) {
                 return Err(Error::StoreDatabaseMissing {
-                    target: store.target.to_string(),
+                    target: store.connections.target.to_string(),
                 });
             }
             let refused = error.code().is_some_and(|code| {
@@ -217,7 +230,7 @@ impl PostgresStore {
             });
             if refused {
                 return Err(Error::StoreRefused {
-                    target: store.target.to_string(),
+                    target: store.connections.target.to_string(),
                     reason: error.one_line(),
                 });
             }
@@ -225,7 +238,7 @@ impl PostgresStore {
             let remaining = settings.connect_wait.saturating_sub(started.elapsed());
             if hopeless || remaining.is_zero() {
                 return Err(Error::StoreUnreachable {
-                    target: store.target.to_string(),
+                    target: store.connections.target.to_string(),
                     waited: started.elapsed(),
                     reason: error.one_line(),
                 });
@@ -237,7 +250,7 @@ impl PostgresStore {
     /// Runs the pending migrations and spreads the room left under `capacity` over the slot
     /// shards, all in one transaction that holds the start-up lock.
     async fn start_up(&self, capacity: u64) -> Result<(), StartUpError> {
-        let mut client = self.pool.get().await?;
+        let mut client = self.connections.pool.get().await?;
         let transaction = client.transaction().await?;
         transaction
             .execute("SELECT pg_advisory_xact_lock($1)", &[&START_UP_LOCK])
@@ -294,14 +307,13 @@ impl PostgresStore {
 
     /// The database's name, for spans.
     pub fn database(&self) -> &str {
-        &self.target.database
+        &self.connections.target.database
     }
 
     /// Host and port, for spans; `None` on a Unix socket.
     pub fn server(&self) -> Option<(&str, u16)> {
-        self.target
-            .port
-            .map(|port| (self.target.host.as_str(), port))
+        let target = &self.connections.target;
+        target.port.map(|port| (target.host.as_str(), port))
     }
 
     /// See `UserStore::list_page`.
@@ -456,10 +468,6 @@ impl PostgresStore {
                 Ok(count.unwrap_or(0).try_into().unwrap_or(0))
             })
             .await;
-        *self
-            .count_failure
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner) = counted.as_ref().err().cloned();
         match counted {
             Ok(count) => {
                 *self
@@ -473,20 +481,40 @@ impl PostgresStore {
         }
     }
 
-    /// Whether the database answers: the count's query (run at most once a second, whatever the
-    /// number of callers), and the cause of its last failure until it succeeds again.
-    pub async fn check(&self) -> Result<(), Unavailable> {
-        self.count().await;
-        let failure = self
-            .count_failure
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        failure.clone().map_or(Ok(()), Err)
+    /// Whether the database answers, judged at once (see [`Health`]); when no call succeeded
+    /// a moment ago, a probe starts in a task of its own, which no caller's timeout cancels.
+    pub fn check(&self) -> Result<(), Unavailable> {
+        let now = Instant::now();
+        let health = &self.connections.health;
+        if health.start_probe(now) {
+            let connections = self.connections.clone();
+            tokio::spawn(async move {
+                let outcome = connections
+                    .call(async |client| {
+                        client.simple_query("SELECT 1").await?;
+                        Ok(())
+                    })
+                    .await;
+                connections.health.probe_ended(Instant::now(), outcome);
+            });
+        }
+        health.verdict(now)
     }
 
+    /// Runs `work` on a pooled connection: see [`Connections::call`].
+    async fn call<T>(
+        &self,
+        work: impl AsyncFnOnce(&Object) -> Result<T, CallError>,
+    ) -> Result<T, Unavailable> {
+        self.connections.call(work).await
+    }
+}
+
+impl Connections {
     /// Runs `work` on a pooled connection within the call timeout (the wait for a connection
-    /// included); any failure is [`Unavailable`]. A connection whose call timed out may still
-    /// have a query in flight: it is closed, never handed to the next caller.
+    /// included); any failure is [`Unavailable`], a success is noted for readiness. A
+    /// connection whose call timed out may still have a query in flight: it is closed, never
+    /// handed to the next caller.
     async fn call<T>(
         &self,
         work: impl AsyncFnOnce(&Object) -> Result<T, CallError>,
@@ -505,7 +533,11 @@ impl PostgresStore {
             Err(_) => return Err(timed_out()),
         };
         match tokio::time::timeout_at(deadline, work(&client)).await {
-            Ok(outcome) => outcome.map_err(|error| self.unavailable(error)),
+            Ok(Ok(answer)) => {
+                self.health.succeeded_at(Instant::now());
+                Ok(answer)
+            }
+            Ok(Err(error)) => Err(self.unavailable(error)),
             Err(_) => {
                 drop(Object::take(client));
                 Err(timed_out())
