@@ -2,9 +2,9 @@
 //! own on the request's path, from the store's calls and from a probe run in the background.
 //!
 //! A call that succeeded a moment ago says the database answers, however busy the pool is, so a
-//! loaded host stays ready. Otherwise a probe (`SELECT 1`) starts, at most once a second however
-//! many ask and whatever the last one found; a probe that failed, or that has not answered
-//! within a second, makes the store not ready until a call succeeds again.
+//! loaded host stays ready. Otherwise a probe (`SELECT 1`) runs every second, whoever asks or
+//! not; a probe that failed, or that has not answered within a second, makes the store not ready
+//! until a call succeeds again.
 
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -22,7 +22,7 @@ pub const PROBE_ANSWER_WITHIN: Duration = Duration::from_secs(1);
 /// What the store knows of the database's answers.
 #[derive(Debug)]
 pub struct Health {
-    /// When the store was opened, having just reached the database.
+    /// When the store was made: the origin of `last_success_ms`.
     opened: Instant,
     /// Milliseconds after `opened` when a call last succeeded.
     last_success_ms: AtomicU64,
@@ -41,7 +41,7 @@ struct Probe {
 }
 
 impl Health {
-    /// The health of a store that reached its database at `now`, at `target`.
+    /// The health of a store made at `now`, its database at `target`.
     pub fn new(now: Instant, target: String) -> Health {
         Health {
             opened: now,
@@ -53,7 +53,11 @@ impl Health {
 
     /// A call succeeded at `now`.
     pub fn succeeded_at(&self, now: Instant) {
-        let ms = now.saturating_duration_since(self.opened).as_millis();
+        // Rounded up: a failure in the same millisecond, just before, no longer counts.
+        let ms = now
+            .saturating_duration_since(self.opened)
+            .as_micros()
+            .div_ceil(1000);
         self.last_success_ms
             .fetch_max(u64::try_from(ms).unwrap_or(u64::MAX), Ordering::Relaxed);
     }
@@ -136,6 +140,14 @@ mod tests {
         Unavailable("postgres://db:5432/x: connection refused".into())
     }
 
+    /// A store opened at `start` whose first probe started 3 s later.
+    fn probing_since_3_s() -> (Instant, Health) {
+        let start = Instant::now();
+        let health = Health::new(start, "postgres://db:5432/x".into());
+        assert!(health.start_probe(after(start, 3_000)));
+        (start, health)
+    }
+
     #[test]
     fn a_store_that_answered_a_moment_ago_is_ready_and_needs_no_probe() {
         let start = Instant::now();
@@ -148,9 +160,7 @@ mod tests {
 
     #[test]
     fn probes_start_at_most_once_a_second_whatever_they_found() {
-        let start = Instant::now();
-        let health = Health::new(start, "t".into());
-        assert!(health.start_probe(after(start, 3_000)));
+        let (start, health) = probing_since_3_s();
         // One runs: no second one.
         assert!(!health.start_probe(after(start, 3_100)));
         health.probe_ended(after(start, 3_010), Err(refused()));
@@ -160,9 +170,7 @@ mod tests {
 
     #[test]
     fn a_failed_probe_makes_the_store_not_ready_until_a_call_succeeds() {
-        let start = Instant::now();
-        let health = Health::new(start, "t".into());
-        assert!(health.start_probe(after(start, 3_000)));
+        let (start, health) = probing_since_3_s();
         health.probe_ended(after(start, 3_010), Err(refused()));
         assert_eq!(health.verdict(after(start, 3_020)), Err(refused()));
         assert_eq!(health.verdict(after(start, 9_000)), Err(refused()));
@@ -174,9 +182,7 @@ mod tests {
 
     #[test]
     fn a_probe_without_an_answer_within_a_second_makes_the_store_not_ready() {
-        let start = Instant::now();
-        let health = Health::new(start, "postgres://db:5432/x".into());
-        assert!(health.start_probe(after(start, 3_000)));
+        let (start, health) = probing_since_3_s();
         assert_eq!(health.verdict(after(start, 3_900)), Ok(()));
         let hung = health.verdict(after(start, 4_100)).unwrap_err();
         assert_eq!(hung.0, "postgres://db:5432/x: no answer within 1000 ms");

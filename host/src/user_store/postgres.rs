@@ -18,7 +18,7 @@ use uuid::Uuid;
 
 use crate::error::{Error, one_line};
 use crate::user_store::found::FoundUsers;
-use crate::user_store::health::Health;
+use crate::user_store::health::{Health, PROBE_EVERY};
 use crate::user_store::user::{CreateError, Unavailable, User, email_key};
 
 /// The migrations, in order; each runs once per database, inside the start-up transaction.
@@ -213,6 +213,7 @@ impl PostgresStore {
             let error = match tokio::time::timeout(remaining, store.start_up(capacity)).await {
                 Ok(Ok(())) => {
                     store.connections.health.succeeded_at(Instant::now());
+                    tokio::spawn(store.connections.clone().probe_while_idle());
                     return Ok(store);
                 }
                 Ok(Err(error)) => error,
@@ -481,24 +482,10 @@ impl PostgresStore {
         }
     }
 
-    /// Whether the database answers, judged at once (see [`Health`]); when no call succeeded
-    /// a moment ago, a probe starts in a task of its own, which no caller's timeout cancels.
+    /// Whether the database answers, judged at once from what calls and probes found (see
+    /// [`Health`]).
     pub fn check(&self) -> Result<(), Unavailable> {
-        let now = Instant::now();
-        let health = &self.connections.health;
-        if health.start_probe(now) {
-            let connections = self.connections.clone();
-            tokio::spawn(async move {
-                let outcome = connections
-                    .call(async |client| {
-                        client.simple_query("SELECT 1").await?;
-                        Ok(())
-                    })
-                    .await;
-                connections.health.probe_ended(Instant::now(), outcome);
-            });
-        }
-        health.verdict(now)
+        self.connections.health.verdict(Instant::now())
     }
 
     /// Runs `work` on a pooled connection: see [`Connections::call`].
@@ -511,6 +498,26 @@ impl PostgresStore {
 }
 
 impl Connections {
+    /// Probes the database every second while no call has succeeded in the last one, for as
+    /// long as the store lives: readiness never waits for a query, and no client starts one.
+    async fn probe_while_idle(self) {
+        let mut ticks = tokio::time::interval(PROBE_EVERY);
+        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        // This task's clone is the last one once the store is gone.
+        while Arc::strong_count(&self.health) > 1 {
+            ticks.tick().await;
+            if self.health.start_probe(Instant::now()) {
+                let outcome = self
+                    .call(async |client| {
+                        client.simple_query("SELECT 1").await?;
+                        Ok(())
+                    })
+                    .await;
+                self.health.probe_ended(Instant::now(), outcome);
+            }
+        }
+    }
+
     /// Runs `work` on a pooled connection within the call timeout (the wait for a connection
     /// included); any failure is [`Unavailable`], a success is noted for readiness. A
     /// connection whose call timed out may still have a query in flight: it is closed, never
