@@ -432,6 +432,14 @@ impl Drop for Host {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+        // The log's temporary directory, made for this host alone: a run leaves no litter.
+        if let Some(dir) = self.log_file.parent()
+            && dir
+                .file_name()
+                .is_some_and(|name| name.to_string_lossy().starts_with("host-test-"))
+        {
+            let _ = std::fs::remove_dir_all(dir);
+        }
     }
 }
 
