@@ -1,11 +1,10 @@
 //! The accept loop and the per-request path.
 //!
-//! For every request the host, in order: gives it a request id, serves its own pages (metrics, liveness,
-//! readiness) itself, reads
-//! the body within its deadline and size limit (a body over it is answered 413 there, before any
-//! routing, as the contract orders), runs the guest in a fresh instance, turns a failed guest
-//! into a 500, and traces, logs and counts the answer under the route the guest named. The guest
-//! decides everything else.
+//! For every request the host, in order: gives it a request id, reads the body within its
+//! deadline and size limit (a body over it is answered 413 there, before any routing, as the
+//! contract orders), serves its own pages (metrics, liveness, readiness) itself, runs the guest
+//! in a fresh instance, turns a failed guest into a 500, and traces, logs and counts the answer
+//! under the route the guest named. The guest decides everything else.
 
 use std::convert::Infallible;
 use std::future::Future;
