@@ -93,6 +93,14 @@ async fn a_guest_that_hoards_memory_gets_500_at_its_cap() {
         "took {:?}",
         started.elapsed()
     );
+    // Its log line says the limit was what it met.
+    let failed = host.wait_for_log(|line| line["url.path"] == "/hoard" && line["status"] == 500);
+    assert!(
+        failed["error"].as_str().is_some_and(|cause| {
+            cause.starts_with("the guest failed after its memory limit (--guest-memory-mb)")
+        }),
+        "{failed}"
+    );
     assert_still_serving(&host).await;
 }
 

@@ -102,8 +102,12 @@ async fn a_wasip3_guest_that_loops_is_stopped_at_the_deadline_with_503() {
 async fn a_wasip3_guest_past_its_memory_limit_gets_500() {
     // It asks for 64 MiB more than it may have.
     let host = p3_host(&[("GUEST_MEMORY_MB", "32")]);
-    let (status, _) = failure_and_recovery(&host, "/grow").await;
+    let (status, cause) = failure_and_recovery(&host, "/grow").await;
     assert_eq!(status, 500);
+    assert!(
+        cause.starts_with("the guest failed after its memory limit (--guest-memory-mb)"),
+        "{cause}"
+    );
 }
 
 #[tokio::test]

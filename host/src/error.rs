@@ -130,6 +130,10 @@ pub enum RequestError {
     /// The guest trapped (a panic, a wasm fault) or a host call it made failed: 500.
     #[error("the guest failed")]
     Trapped(#[source] wasmtime::Error),
+    /// The guest trapped after its own memory limit refused it memory (most guests abort when
+    /// an allocation fails): 500.
+    #[error("the guest failed after its memory limit (--guest-memory-mb) refused it more")]
+    OverLimit(#[source] wasmtime::Error),
     /// The request could not be handed to the guest: 500.
     #[error("cannot hand the request to the guest")]
     Setup(#[source] wasmtime::Error),

@@ -262,7 +262,10 @@ impl App {
                     }
                     _ => (StatusCode::INTERNAL_SERVER_ERROR, responses::INTERNAL_ERROR),
                 };
-                if matches!(error, RequestError::Trapped(_) | RequestError::Timeout) {
+                if matches!(
+                    error,
+                    RequestError::Trapped(_) | RequestError::OverLimit(_) | RequestError::Timeout
+                ) {
                     self.metrics.observe_guest_trap(metrics::TRAP_MOMENTS[0]);
                 }
                 // The request's log line says why (this error wins over any earlier fault).

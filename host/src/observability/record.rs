@@ -140,6 +140,9 @@ pub struct RequestCost {
     /// Set when the host-wide budget, not the instance's own limit, refused it memory: the
     /// request is then answered 503 (the host is busy), not 500.
     over_budget: AtomicBool,
+    /// Set when the instance's own memory limit refused it memory: a trap after it is said to
+    /// follow from it.
+    over_limit: AtomicBool,
 }
 
 /// A reading of a [`RequestCost`].
@@ -181,6 +184,16 @@ impl RequestCost {
     /// Whether the host-wide memory budget refused the instance memory.
     pub fn was_over_budget(&self) -> bool {
         self.over_budget.load(Ordering::Acquire)
+    }
+
+    /// The instance's own memory limit refused it memory.
+    pub fn refused_by_limit(&self) {
+        self.over_limit.store(true, Ordering::Release);
+    }
+
+    /// Whether the instance's own memory limit refused it memory.
+    pub fn was_over_limit(&self) -> bool {
+        self.over_limit.load(Ordering::Acquire)
     }
 
     /// Counts one call to `interface`.

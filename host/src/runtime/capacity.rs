@@ -156,6 +156,7 @@ impl ResourceLimiter for InstanceLimiter {
         maximum: Option<usize>,
     ) -> wasmtime::Result<bool> {
         if !self.own.memory_growing(current, desired, maximum)? {
+            self.record.cost.refused_by_limit();
             return Ok(false);
         }
         let more = desired.saturating_sub(current);

@@ -224,6 +224,7 @@ impl Guest {
                 {
                     RequestError::OverBudget(trap)
                 }
+                Ok(Err(trap)) if spent.cost.was_over_limit() => RequestError::OverLimit(trap),
                 Ok(Err(trap)) => RequestError::Trapped(trap),
                 Err(join_error) => RequestError::Task(join_error),
             }),
