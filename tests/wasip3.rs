@@ -1,6 +1,7 @@
 //! End-to-end tests of WASIp3 guests (`wasi:http/handler@0.3.0`), over real sockets: served
 //! with a fresh instance per request like WASIp2 ones, within the same deadline and memory
-//! limit, calling the host's `users` interface, and swapped with a WASIp2 guest while serving.
+//! limit, calling the host's `users` interface, and swapped with a WASIp2 guest while serving;
+//! and with instance reuse on (`--max-instance-reuse-count`), within the counts it is given.
 
 mod support;
 
@@ -8,6 +9,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
+use support::jaeger::{Agent, Span};
 use support::swaps::{answers_while_swapping, assert_every_answer_ok};
 use support::{Host, client, get, guest_path};
 
@@ -146,4 +148,174 @@ async fn swapping_between_a_wasip2_and_a_wasip3_guest_fails_not_one_request() {
         .collect();
     let answers = answers_while_swapping(&host, &live, &swaps).await;
     assert_every_answer_ok(&answers, &[P2_VERSION, P3_VERSION]);
+}
+
+/// The host serving the p3 fixture with reuse on: `requests` per instance, `concurrent` at once.
+fn reusing_host(requests: &str, concurrent: &str, env: &[(&str, &str)]) -> Host {
+    let mut all = vec![
+        ("MAX_INSTANCE_REUSE_COUNT", requests),
+        ("MAX_INSTANCE_CONCURRENT_REUSE_COUNT", concurrent),
+    ];
+    all.extend_from_slice(env);
+    p3_host(&all)
+}
+
+#[tokio::test]
+async fn with_reuse_an_instance_serves_up_to_the_reuse_count_then_a_fresh_one_starts() {
+    let host = reusing_host("3", "1", &[]);
+    let mut counts = Vec::new();
+    for _ in 0..7 {
+        let (status, body) = get(&host, "/api/health").await;
+        assert_eq!(status, 200, "{body}");
+        counts.push(body["served"].as_u64().unwrap());
+    }
+    assert_eq!(counts, [1, 2, 3, 1, 2, 3, 1]);
+}
+
+#[tokio::test]
+async fn with_reuse_an_idle_instance_is_dropped_after_the_idle_timeout() {
+    let host = reusing_host("100", "1", &[("IDLE_INSTANCE_TIMEOUT_MS", "200")]);
+    assert_eq!(get(&host, "/api/health").await.1["served"], 1);
+    assert_eq!(get(&host, "/api/health").await.1["served"], 2);
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert_eq!(get(&host, "/api/health").await.1["served"], 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_concurrent_reuse_an_instance_holds_at_most_the_configured_requests_at_once() {
+    let host = Arc::new(reusing_host("1000", "2", &[]));
+    // One at a time, so each finds the instances the ones before it started waiting.
+    let mut requests = Vec::new();
+    for _ in 0..8 {
+        let host = Arc::clone(&host);
+        requests.push(tokio::spawn(async move { get(&host, "/sleep").await }));
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let mut peaks = Vec::new();
+    for request in requests {
+        let (status, body) = request.await.unwrap();
+        assert_eq!(status, 200, "{body}");
+        peaks.push(body["peak"].as_u64().unwrap());
+    }
+    assert!(peaks.iter().all(|&peak| peak <= 2), "{peaks:?}");
+    assert!(
+        peaks.contains(&2),
+        "no two requests shared an instance: {peaks:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_trap_in_a_reused_instance_fails_the_requests_inside_it_and_no_other() {
+    let host = Arc::new(reusing_host("1000", "2", &[]));
+    // Two waiting requests fill the first instance; the third waits in a second one, where
+    // the trap then lands, the only instance with room.
+    let mut waiting = Vec::new();
+    for _ in 0..3 {
+        let host = Arc::clone(&host);
+        waiting.push(tokio::spawn(async move { get(&host, "/sleep").await.0 }));
+        tokio::time::sleep(Duration::from_millis(40)).await;
+    }
+    let (status, _) = get(&host, "/trap").await;
+    assert_eq!(status, 500);
+    let mut waited = Vec::new();
+    for request in waiting {
+        waited.push(request.await.unwrap());
+    }
+    assert_eq!(
+        waited,
+        [200, 200, 500],
+        "the third shared the trapped instance"
+    );
+    let trapped = host.wait_for_log(|line| line["url.path"] == "/trap" && line["status"] == 500);
+    assert!(
+        trapped["error"]
+            .as_str()
+            .is_some_and(|error| error.contains("the reused instance serving it failed")),
+        "{trapped}"
+    );
+    // The first instance lives on: the next request is its third.
+    let (status, body) = get(&host, "/api/health").await;
+    assert_eq!((status, &body["served"]), (200, &Value::from(3)));
+}
+
+#[tokio::test]
+async fn a_reused_instance_that_loops_is_stopped_at_the_deadline_with_503() {
+    let host = reusing_host("100", "16", &[("REQUEST_TIMEOUT_MS", "200")]);
+    let started = Instant::now();
+    let (status, _) = get(&host, "/loop").await;
+    assert_eq!(status, 503);
+    let answered = started.elapsed();
+    assert!(answered < Duration::from_secs(2), "{answered:?}");
+    let (status, body) = get(&host, "/api/health").await;
+    assert_eq!((status, &body["served"]), (200, &Value::from(1)));
+}
+
+#[tokio::test]
+async fn a_reused_instance_past_its_memory_limit_gets_500() {
+    let host = reusing_host("100", "16", &[("GUEST_MEMORY_MB", "32")]);
+    let (status, _) = get(&host, "/grow").await;
+    assert_eq!(status, 500);
+    let failed = host.wait_for_log(|line| line["url.path"] == "/grow" && line["status"] == 500);
+    assert!(
+        failed["error"]
+            .as_str()
+            .is_some_and(|error| error.contains("memory limit")),
+        "{failed}"
+    );
+}
+
+#[tokio::test]
+async fn requests_sharing_a_reused_instance_each_get_their_own_span_and_user_store_calls() {
+    let mut agent = Agent::start();
+    let port = agent.port.to_string();
+    let host = Host::builder()
+        .guest("p3-users-guest")
+        .env(&[
+            ("MAX_INSTANCE_REUSE_COUNT", "100"),
+            ("OTEL_EXPORTER_JAEGER_AGENT_HOST", "127.0.0.1"),
+            ("OTEL_EXPORTER_JAEGER_AGENT_PORT", port.as_str()),
+            ("OTEL_BSP_SCHEDULE_DELAY", "100"),
+        ])
+        .start();
+    // One after the other: the second is served by the instance the first left idle.
+    let created = support::get_with_id(&host, "/users/new", "create").await;
+    assert_eq!(created.status(), 201);
+    let created: Value = created.json().await.unwrap();
+    let id = created["id"].as_str().expect("the stored user's id");
+    let found = support::get_with_id(&host, &format!("/users/{id}"), "read").await;
+    assert_eq!(found.status(), 200);
+    let server = |spans: &[Span], request_id: &str| -> Option<Span> {
+        spans
+            .iter()
+            .find(|span| {
+                span.str_tag("span.kind") == Some("server")
+                    && span.str_tag("request_id") == Some(request_id)
+            })
+            .cloned()
+    };
+    let spans = agent.wait_for(|spans| {
+        ["create", "read"].iter().all(|id| {
+            server(spans, id).is_some_and(|span| span.tag("wasm.host_calls.users").is_some())
+        })
+    });
+    for request_id in ["create", "read"] {
+        let server = server(&spans, request_id).unwrap();
+        assert_eq!(
+            server.long_tag("wasm.host_calls.users"),
+            Some(1),
+            "{request_id}: its own call, not its neighbour's"
+        );
+        let store_calls = spans
+            .iter()
+            .filter(|span| {
+                span.trace_id == server.trace_id
+                    && span.parent_span_id == server.span_id
+                    && span.operation_name.ends_with(" users")
+            })
+            .count();
+        assert_eq!(
+            store_calls, 1,
+            "{request_id}: one user-store span under its own"
+        );
+    }
 }

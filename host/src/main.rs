@@ -97,6 +97,7 @@ async fn run(config: Config, telemetry: &Telemetry) -> anyhow::Result<()> {
         guest = %config.runtime.guest.display(),
         version,
         cache = cache.as_str(),
+        instances = guest.instances(),
         load_ms = loading.elapsed().as_millis() as u64,
         "guest loaded"
     );

@@ -52,6 +52,26 @@ pub struct GuestLimits {
     /// clients that read slowly do not hold the slots new requests need. The memory and stack
     /// pools hold enough for every slot ([`GuestCapacity`]).
     pub max_streaming: u32,
+    /// How a WASIp3 guest's instances are reused; by default not at all.
+    pub reuse: InstanceReuse,
+}
+
+/// `--max-instance-reuse-count` and its two companions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct InstanceReuse {
+    /// Requests one instance serves in its life; 1 is a fresh instance per request.
+    pub requests: u32,
+    /// Requests one instance serves at once.
+    pub concurrent: u32,
+    /// How long an instance waits for another request before it goes.
+    pub idle_timeout: Duration,
+}
+
+impl InstanceReuse {
+    /// Whether an instance serves more than one request.
+    pub fn is_on(self) -> bool {
+        self.requests > 1
+    }
 }
 
 /// The pools, budget and slots sized for one set of [`GuestLimits`].
@@ -219,6 +239,7 @@ mod tests {
             memory_budget_bytes: usize::MAX,
             max_instances,
             max_streaming,
+            ..GuestLimits::default()
         }
     }
 

@@ -6,6 +6,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use http_body_util::BodyExt;
 use tokio::sync::oneshot;
 use wasmtime::component::InstancePre;
 use wasmtime::error::Context as _;
@@ -26,6 +27,7 @@ use crate::runtime::guest_body::GuestBody;
 use crate::runtime::held::TooMuchHeld;
 use crate::runtime::outbound::OutboundRules;
 use crate::runtime::pool::BUDGET_SPENT;
+use crate::runtime::reuse::ReusedInstances;
 use crate::runtime::store::{Outbound, RequestContext, RequestState, new_store};
 
 /// The most of a guest's error code the host writes in its log line.
@@ -92,6 +94,8 @@ pub struct Guest {
     route_templates: Arc<RouteTemplates>,
     /// The destinations its instances may call.
     outbound: Arc<OutboundRules>,
+    /// Its instances reused, when it is a WASIp3 guest and reuse is on.
+    reused: Option<Arc<ReusedInstances>>,
 }
 
 impl Guest {
@@ -103,12 +107,20 @@ impl Guest {
         capacity: Arc<GuestCapacity>,
         outbound: Arc<OutboundRules>,
     ) -> Guest {
+        let reused =
+            match &pre {
+                HandlerPre::P3(pre) if limits.reuse.is_on() => Some(Arc::new(
+                    ReusedInstances::new(pre.clone(), limits.reuse, limits, Arc::clone(&capacity)),
+                )),
+                _ => None,
+            };
         Guest {
             pre,
             limits,
             capacity,
             route_templates: Arc::default(),
             outbound,
+            reused,
         }
     }
 
@@ -118,7 +130,25 @@ impl Guest {
         self.pre.engine()
     }
 
-    /// Runs one request through a fresh instance and returns its response.
+    /// How this guest's instances serve requests, for the log.
+    pub fn instances(&self) -> String {
+        let reuse = self.limits.reuse;
+        match (&self.reused, &self.pre) {
+            (Some(_), _) => format!(
+                "reused: up to {} requests each, {} at once, dropped after {} ms idle",
+                reuse.requests,
+                reuse.concurrent,
+                reuse.idle_timeout.as_millis()
+            ),
+            (None, HandlerPre::P2(_)) if reuse.is_on() => {
+                "fresh per request (reuse is for WASIp3 guests)".to_string()
+            }
+            (None, _) => "fresh per request".to_string(),
+        }
+    }
+
+    /// Runs one request through a fresh instance (or a reused one, for a client's request
+    /// when reuse is on) and returns its response.
     ///
     /// The instance runs in its own task: once it has sent the response head it keeps going,
     /// streaming the body, while the caller returns the response to hyper.
@@ -134,6 +164,20 @@ impl Guest {
         B::Error: Into<wasmtime_wasi_http::Error>,
     {
         let permit = self.capacity.slots.acquire_running(context.peer()).await?;
+        // A client's request to a reused guest; the host's own probes get a fresh instance.
+        if let (Some(reused), Some(metrics)) = (&self.reused, context.metrics()) {
+            let outbound = Outbound {
+                rules: Arc::clone(&self.outbound),
+                deadline: Instant::now() + self.limits.request_timeout,
+            };
+            let templates = Arc::clone(&self.route_templates);
+            let request = with_absolute_uri(request)
+                .map_err(RequestError::Setup)?
+                .map(|body| body.map_err(Into::into).boxed_unsync());
+            return reused
+                .handle(context, metrics, permit, templates, outbound, request)
+                .await;
+        }
         let held = self.capacity.held_objects(request.headers());
         let metrics = context.metrics();
         let body_metrics = metrics.clone();

@@ -22,6 +22,8 @@ pub struct GuestBody {
     inner: HyperOutgoingBody,
     task: Option<tokio::task::JoinHandle<wasmtime::Result<()>>>,
     failure: FailureReport,
+    /// What ends with the body of a reused instance's request (`runtime::reuse`).
+    _request: Option<Box<dyn Send>>,
 }
 
 /// Where a guest that fails after its response head is reported.
@@ -73,6 +75,22 @@ impl GuestBody {
                 exported: log_records_exported().then(request_ids),
                 metrics,
             },
+            _request: None,
+        }
+    }
+
+    /// The body of a reused instance's response: the instance outlives it, and `request` ends
+    /// with it (its failure mid-stream is the instance's, logged when the instance ends).
+    pub(super) fn reused(inner: HyperOutgoingBody, request: impl Send + 'static) -> GuestBody {
+        GuestBody {
+            inner,
+            task: None,
+            failure: FailureReport {
+                request: None,
+                exported: None,
+                metrics: None,
+            },
+            _request: Some(Box::new(request)),
         }
     }
 }

@@ -14,6 +14,7 @@
 //! - [`store`]: what one request's store holds: WASI, `wasi:http`, and the service's
 //!   interfaces, each on its own state;
 //! - [`guest`]: one request through a fresh instance;
+//! - [`reuse`]: or, when the operator chose it, through a WASIp3 instance that serves several;
 //! - [`guest_body`]: a response body that breaks off when the guest fails mid-stream;
 //! - [`probe`]: the request a new guest must answer 200 before it serves;
 //! - [`serving`]: the guest serving new requests, swapped whole;
@@ -33,6 +34,7 @@ pub mod page_scan;
 pub mod pool;
 pub mod probe;
 pub mod reload;
+pub mod reuse;
 pub mod serving;
 pub mod settings;
 pub mod slots;

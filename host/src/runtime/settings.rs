@@ -9,7 +9,7 @@ use clap::builder::BoolishValueParser;
 
 use crate::machine::machine_memory;
 use crate::runtime::built::{built_component, default_cache_dir};
-use crate::runtime::capacity::GuestLimits;
+use crate::runtime::capacity::{GuestLimits, InstanceReuse};
 use crate::runtime::outbound::OutboundRules;
 use crate::runtime::probe::ProbePath;
 
@@ -22,6 +22,12 @@ pub const DEFAULT_MAX_INSTANCES: u32 = 64;
 /// How many instances that have sent their response head may stream its body beyond
 /// `--max-instances`: hundreds of clients that read slowly hold these, not the running slots.
 pub const DEFAULT_MAX_STREAMING: u32 = 512;
+/// Requests one instance serves: one, a fresh instance for every request.
+pub const DEFAULT_MAX_INSTANCE_REUSE_COUNT: u32 = 1;
+/// Requests one reused instance serves at once: `wasmtime serve`'s default.
+pub const DEFAULT_MAX_INSTANCE_CONCURRENT_REUSE_COUNT: u32 = 16;
+/// How long a reused instance waits for its next request: `wasmtime serve`'s default.
+pub const DEFAULT_IDLE_INSTANCE_TIMEOUT_MS: u64 = 1_000;
 /// The path a new guest is probed on unless `--probe-path` says otherwise.
 pub const DEFAULT_PROBE_PATH: &str = "/api/health";
 
@@ -81,6 +87,25 @@ pub struct GuestSettings {
     #[arg(long, env = "MAX_STREAMING", default_value_t = DEFAULT_MAX_STREAMING,
           value_parser = clap::value_parser!(u32).range(0..=4096))]
     pub max_streaming: u32,
+
+    /// Requests one instance of a WASIp3 guest serves before it is dropped; 1 (the default)
+    /// gives every request a fresh instance. Above 1, requests sharing an instance share its
+    /// memory: see docs/guests.md. WASIp2 guests always get a fresh instance.
+    #[arg(long, env = "MAX_INSTANCE_REUSE_COUNT", default_value_t = DEFAULT_MAX_INSTANCE_REUSE_COUNT,
+          value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    pub max_instance_reuse_count: u32,
+
+    /// Requests one reused WASIp3 instance serves at once.
+    #[arg(long, env = "MAX_INSTANCE_CONCURRENT_REUSE_COUNT",
+          default_value_t = DEFAULT_MAX_INSTANCE_CONCURRENT_REUSE_COUNT,
+          value_parser = clap::value_parser!(u32).range(1..=1024))]
+    pub max_instance_concurrent_reuse_count: u32,
+
+    /// How long a reused WASIp3 instance waits for another request before it is dropped, in
+    /// milliseconds.
+    #[arg(long, env = "IDLE_INSTANCE_TIMEOUT_MS", default_value_t = DEFAULT_IDLE_INSTANCE_TIMEOUT_MS,
+          value_parser = clap::value_parser!(u64).range(1..=3_600_000))]
+    pub idle_instance_timeout_ms: u64,
 }
 
 impl GuestSettings {
@@ -99,6 +124,11 @@ impl GuestSettings {
                 .map_or_else(default_memory_budget, mebibytes),
             max_instances: self.max_instances,
             max_streaming: self.max_streaming,
+            reuse: InstanceReuse {
+                requests: self.max_instance_reuse_count,
+                concurrent: self.max_instance_concurrent_reuse_count,
+                idle_timeout: Duration::from_millis(self.idle_instance_timeout_ms),
+            },
         }
     }
 }
@@ -112,6 +142,11 @@ impl Default for GuestLimits {
             memory_budget_bytes: default_memory_budget(),
             max_instances: DEFAULT_MAX_INSTANCES,
             max_streaming: DEFAULT_MAX_STREAMING,
+            reuse: InstanceReuse {
+                requests: DEFAULT_MAX_INSTANCE_REUSE_COUNT,
+                concurrent: DEFAULT_MAX_INSTANCE_CONCURRENT_REUSE_COUNT,
+                idle_timeout: Duration::from_millis(DEFAULT_IDLE_INSTANCE_TIMEOUT_MS),
+            },
         }
     }
 }

@@ -9,11 +9,13 @@
 //! the host's side is weighed after every host call and charged to the memory budget
 //! ([`crate::runtime::held`]).
 
+use std::collections::HashMap;
 use std::net::IpAddr;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::Instant;
 
-use wasmtime::component::ResourceTable;
+use wasmtime::component::{GuestTaskId, ResourceTable};
 use wasmtime::{CallHook, Engine, Store};
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 use wasmtime_wasi_http::p2::bindings::http::types::ErrorCode;
@@ -98,6 +100,11 @@ impl RequestContext {
         }
     }
 
+    /// The shared store behind the `users` interface.
+    pub fn users(&self) -> &Arc<UserStore> {
+        &self.users
+    }
+
     /// The client's address, if the request came from one.
     pub fn peer(&self) -> Option<IpAddr> {
         self.peer
@@ -125,23 +132,82 @@ impl RequestContext {
     }
 }
 
-/// The data of one request's `wasmtime::Store`.
+/// The data of one request's `wasmtime::Store` (or, with reuse, of one instance's).
 pub struct RequestState {
     wasi: WasiCtx,
     http: WasiHttpCtx,
     /// Resources (streams, requests, responses, span handles) the guest holds handles to.
     table: ResourceTable,
+    /// The host's side of the request the guest is serving now.
+    request: RequestParts,
+    /// The instance's resource limits and the host-wide memory budget, enforced by wasmtime.
+    limits: InstanceLimiter,
+    /// What the objects in `table` hold of the memory budget.
+    held: HeldObjects,
+    /// The requests of a reused instance, each found by its task; `None` for a fresh one.
+    reused: Option<ReusedRequests>,
+}
+
+/// The host's side of one request: its outgoing calls, its `users`, `telemetry` and
+/// `wasi:otel` state, and its record. A fresh instance has one for its life; a reused one
+/// takes each request's for the host calls of that request's task ([`RequestSlot`]).
+pub struct RequestParts {
     hooks: OutgoingRequests,
     users: UserCalls,
     telemetry: GuestTelemetry,
     /// What the guest handed over through `wasi:otel` so far (its spans, its metric series).
     otel: GuestOtel,
-    /// The instance's resource limits and the host-wide memory budget, enforced by wasmtime.
-    limits: InstanceLimiter,
-    /// What the objects in `table` hold of the memory budget.
-    held: HeldObjects,
     /// What the host learns of the request; its host calls are counted in its cost.
     record: Arc<RequestRecord>,
+}
+
+impl RequestParts {
+    /// The parts of the request `context`, for a guest whose route labels are
+    /// `route_templates`, its outgoing calls within `outbound`.
+    pub fn new(
+        context: RequestContext,
+        route_templates: Arc<RouteTemplates>,
+        outbound: Outbound,
+    ) -> RequestParts {
+        let RequestContext {
+            users,
+            record,
+            reporting,
+            ..
+        } = context;
+        let calls = OutgoingCalls::new(
+            outbound.rules,
+            outbound.deadline,
+            reporting
+                .as_ref()
+                .map_or_else(opentelemetry::Context::new, |reporting| {
+                    reporting.request_span.context().clone()
+                }),
+            Arc::clone(&record),
+        );
+        let (users, telemetry) = match reporting {
+            Some(reporting) => (
+                UserCalls::new(users, Arc::clone(&reporting.metrics), Arc::clone(&record)),
+                GuestTelemetry::new(
+                    reporting.request_span,
+                    Arc::clone(&record),
+                    route_templates,
+                    Some(reporting.metrics),
+                ),
+            ),
+            None => (
+                UserCalls::quiet(users, Arc::clone(&record)),
+                GuestTelemetry::off(),
+            ),
+        };
+        RequestParts {
+            hooks: OutgoingRequests(calls),
+            users,
+            telemetry,
+            otel: GuestOtel::default(),
+            record,
+        }
+    }
 }
 
 /// What one request's outgoing calls may reach, and until when.
@@ -163,43 +229,44 @@ pub fn new_store(
     held: HeldObjects,
     outbound: Outbound,
 ) -> Store<RequestState> {
-    let RequestContext {
-        users,
-        record,
-        reporting,
-        ..
-    } = context;
-    let calls = OutgoingCalls::new(
-        outbound.rules,
-        outbound.deadline,
-        reporting
-            .as_ref()
-            .map_or_else(opentelemetry::Context::new, |reporting| {
-                reporting.request_span.context().clone()
-            }),
-        Arc::clone(&record),
-    );
-    let output = GuestOutput::new(reporting.as_ref().map(|reporting| {
+    let output = GuestOutput::new(context.reporting.as_ref().map(|reporting| {
         (
             reporting.request_span.clone(),
             Arc::clone(&reporting.metrics),
         )
     }));
-    let (users, telemetry) = match reporting {
-        Some(reporting) => (
-            UserCalls::new(users, Arc::clone(&reporting.metrics), Arc::clone(&record)),
-            GuestTelemetry::new(
-                reporting.request_span,
-                Arc::clone(&record),
-                route_templates,
-                Some(reporting.metrics),
-            ),
-        ),
-        None => (
-            UserCalls::quiet(users, Arc::clone(&record)),
-            GuestTelemetry::off(),
-        ),
-    };
+    let request = RequestParts::new(context, route_templates, outbound);
+    store_of(engine, request, output, limits, held, None)
+}
+
+/// The store of an instance that serves several requests, each with its own parts
+/// ([`RequestState::adopt`]); between them, host calls land in `idle` (a quiet request's).
+/// Its output, bounded as one request's, is logged in `output`, outside any request.
+pub fn new_reused_store(
+    engine: &Engine,
+    idle: RequestParts,
+    output: GuestOutput,
+    limits: InstanceLimiter,
+    held: HeldObjects,
+) -> Store<RequestState> {
+    store_of(
+        engine,
+        idle,
+        output,
+        limits,
+        held,
+        Some(ReusedRequests::default()),
+    )
+}
+
+fn store_of(
+    engine: &Engine,
+    request: RequestParts,
+    output: GuestOutput,
+    limits: InstanceLimiter,
+    held: HeldObjects,
+    reused: Option<ReusedRequests>,
+) -> Store<RequestState> {
     let wasi = WasiCtx::builder()
         .stdout(output.stream(Stream::Stdout))
         .stderr(output.stream(Stream::Stderr))
@@ -215,13 +282,10 @@ pub fn new_store(
         wasi,
         http,
         table,
-        hooks: OutgoingRequests(calls),
-        users,
-        telemetry,
-        otel: GuestOtel::default(),
+        request,
         limits,
         held,
-        record,
+        reused,
     };
     let mut store = Store::new(engine, state);
     store.set_max_component_handles(if engine.get_concurrency_support() {
@@ -231,37 +295,165 @@ pub fn new_store(
     });
     store.limiter(|state| &mut state.limits);
     store.call_hook(|mut store, transition| {
-        if !matches!(transition, CallHook::ReturningFromHost) {
-            return Ok(());
+        match transition {
+            CallHook::CallingHost if store.data().reused.is_some() => {
+                // The request's task: the oldest of the call stack, which the host called.
+                let task = store.async_call_stack().ok().and_then(Iterator::last);
+                store.data_mut().enter(task);
+            }
+            CallHook::ReturningFromHost => {
+                let state = store.data_mut();
+                state.held.settle(&mut state.table)?;
+                state.leave();
+            }
+            _ => {}
         }
-        let state = store.data_mut();
-        state.held.settle(&mut state.table)?;
         Ok(())
     });
     store
 }
 
+/// One request's parts while it is served by a reused instance: in the instance's store during
+/// its task's host calls, here between them, and dropped when the request ends, wherever they
+/// are then.
+pub struct RequestSlot {
+    parts: Mutex<Option<RequestParts>>,
+    ended: AtomicBool,
+    /// The instance serving the request, once one does.
+    instance: OnceLock<Arc<ServingInstance>>,
+}
+
+/// What a request learns of the reused instance that serves it.
+#[derive(Default)]
+pub struct ServingInstance {
+    /// The instance's record: its memory, and the refusals of its limit and of the budget.
+    pub record: Arc<RequestRecord>,
+    /// Set when the instance outlived a deadline and was stopped.
+    pub expired: AtomicBool,
+}
+
+impl RequestSlot {
+    /// A slot holding `parts`.
+    pub fn new(parts: RequestParts) -> RequestSlot {
+        RequestSlot {
+            parts: Mutex::new(Some(parts)),
+            ended: AtomicBool::new(false),
+            instance: OnceLock::new(),
+        }
+    }
+
+    /// Notes that `instance` serves the request.
+    pub fn served_by(&self, instance: Arc<ServingInstance>) {
+        let _ = self.instance.set(instance);
+    }
+
+    /// The instance serving the request, once one does.
+    pub fn instance(&self) -> Option<&ServingInstance> {
+        self.instance.get().map(Arc::as_ref)
+    }
+
+    /// Ends the request: its parts are dropped now, or as soon as its host call returns.
+    pub fn end(&self) {
+        self.ended.store(true, Ordering::SeqCst);
+        let parts = self.lock().take();
+        drop(parts);
+    }
+
+    fn take(&self) -> Option<RequestParts> {
+        self.lock().take()
+    }
+
+    fn put_back(&self, parts: RequestParts) {
+        let mut slot = self.lock();
+        if self.ended.load(Ordering::SeqCst) {
+            drop(slot);
+            drop(parts);
+        } else {
+            *slot = Some(parts);
+        }
+    }
+
+    fn is_ended(&self) -> bool {
+        self.ended.load(Ordering::SeqCst)
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Option<RequestParts>> {
+        self.parts.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// A reused instance's requests, by the task serving each, and the one whose host call is
+/// running.
+#[derive(Default)]
+struct ReusedRequests {
+    tasks: HashMap<GuestTaskId, Arc<RequestSlot>>,
+    /// The slot whose parts are in the store now, and the idle parts they replaced.
+    entered: Option<(Arc<RequestSlot>, RequestParts)>,
+}
+
+impl RequestState {
+    /// Serves `slot`'s request in `task` of this reused instance; ended requests are
+    /// forgotten, so the map holds no more than the requests in the instance.
+    pub fn adopt(&mut self, task: GuestTaskId, slot: Arc<RequestSlot>) {
+        if let Some(reused) = &mut self.reused {
+            reused.tasks.retain(|_, slot| !slot.is_ended());
+            reused.tasks.insert(task, slot);
+        }
+    }
+
+    /// Puts the parts of `task`'s request in place for the host call it is making.
+    fn enter(&mut self, task: Option<GuestTaskId>) {
+        let Some(reused) = &mut self.reused else {
+            return;
+        };
+        if reused.entered.is_some() {
+            return;
+        }
+        let Some(slot) = task.and_then(|task| reused.tasks.get(&task)) else {
+            return;
+        };
+        let Some(parts) = slot.take() else {
+            return;
+        };
+        let idle = std::mem::replace(&mut self.request, parts);
+        reused.entered = Some((Arc::clone(slot), idle));
+    }
+
+    /// Gives the parts of the request whose host call returned back to its slot.
+    fn leave(&mut self) {
+        let Some((slot, idle)) = self
+            .reused
+            .as_mut()
+            .and_then(|reused| reused.entered.take())
+        else {
+            return;
+        };
+        slot.put_back(std::mem::replace(&mut self.request, idle));
+    }
+}
+
 impl UsersView for RequestState {
     fn users(&mut self) -> (&mut UserCalls, &opentelemetry::Context) {
-        (&mut self.users, self.telemetry.innermost_context())
+        let request = &mut self.request;
+        (&mut request.users, request.telemetry.innermost_context())
     }
 }
 
 impl TelemetryView for RequestState {
     fn telemetry(&mut self) -> (&mut GuestTelemetry, &mut ResourceTable) {
-        (&mut self.telemetry, &mut self.table)
+        (&mut self.request.telemetry, &mut self.table)
     }
 }
 
 impl OtelView for RequestState {
     fn otel(&mut self) -> (&mut GuestOtel, &mut GuestTelemetry) {
-        (&mut self.otel, &mut self.telemetry)
+        (&mut self.request.otel, &mut self.request.telemetry)
     }
 }
 
 impl HostCalls for RequestState {
     fn count_call(&mut self, interface: HostInterface) {
-        self.record.cost.called(interface);
+        self.request.record.cost.called(interface);
     }
 }
 
@@ -279,7 +471,7 @@ impl WasiHttpView for RequestState {
         WasiHttpCtxView {
             ctx: &mut self.http,
             table: &mut self.table,
-            hooks: &mut self.hooks,
+            hooks: &mut self.request.hooks,
         }
     }
 }

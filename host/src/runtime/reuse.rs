@@ -1,0 +1,315 @@
+//! Opt-in instance reuse for WASIp3 guests, with `wasmtime serve`'s meaning: an instance serves
+//! up to `--max-instance-reuse-count` requests, up to `--max-instance-concurrent-reuse-count`
+//! of them at once, and goes away after `--idle-instance-timeout-ms` without one. The workers,
+//! their queue and their expiry are wasmtime-wasi-http's own ([`ProxyHandler`]); this module
+//! gives them the host's stores, limits and per-request parts.
+//!
+//! What reuse gives up: requests that share an instance share its memory (what one request
+//! left there, the next can read), its memory limit and byte bounds, and its captured output;
+//! a trap or an expired deadline ends the instance and fails every request inside it, no
+//! other. Each request keeps its own server span, route, host-call counts and `users`,
+//! `telemetry` and `wasi:otel` state: a host call is served with the parts of the task that
+//! made it ([`RequestState::adopt`]).
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, OnceLock};
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use wasmtime::component::GuestTaskId;
+use wasmtime::{Store, StoreContextMut, UpdateDeadline};
+use wasmtime_wasi_http::handler::{
+    ExpirationError, HandlerState, Instance, InstantiationError, Proxy, ProxyHandler, ShouldAccept,
+    TrapOrPanicError, WorkerExpiration, WorkerState, WorkerStatus,
+};
+use wasmtime_wasi_http::p3;
+use wasmtime_wasi_http::{WasiBody, WasiHttpView};
+
+use crate::error::{RequestError, bounded_debug, one_line};
+use crate::interfaces::stdio::GuestOutput;
+use crate::observability::metrics::Metrics;
+use crate::observability::record::{CostReport, RequestRecord};
+use crate::observability::request_span::RequestSpan;
+use crate::observability::routes::RouteTemplates;
+use crate::runtime::capacity::{GuestCapacity, GuestLimits, InstanceReuse};
+use crate::runtime::guest_body::GuestBody;
+use crate::runtime::pool::BUDGET_SPENT;
+use crate::runtime::slots::InstancePermit;
+use crate::runtime::store::{
+    Outbound, RequestContext, RequestParts, RequestSlot, RequestState, ServingInstance,
+    new_reused_store,
+};
+use crate::user_store::UserStore;
+
+/// The most of a guest's error code the host writes in its log line.
+const MAX_ERROR_CODE_TEXT: usize = 512;
+
+/// The reused instances of one WASIp3 guest.
+pub(super) struct ReusedInstances {
+    pre: p3::bindings::ServicePre<RequestState>,
+    reuse: InstanceReuse,
+    limits: GuestLimits,
+    capacity: Arc<GuestCapacity>,
+    /// Made with the first client request, whose context names the user store and metrics.
+    handler: OnceLock<ProxyHandler<Instances>>,
+}
+
+impl ReusedInstances {
+    /// Instances of `pre` reused as `reuse` says, each within `limits` and `capacity`.
+    pub(super) fn new(
+        pre: p3::bindings::ServicePre<RequestState>,
+        reuse: InstanceReuse,
+        limits: GuestLimits,
+        capacity: Arc<GuestCapacity>,
+    ) -> ReusedInstances {
+        ReusedInstances {
+            pre,
+            reuse,
+            limits,
+            capacity,
+            handler: OnceLock::new(),
+        }
+    }
+
+    /// Serves a client's request (`context`, counted in `metrics`) in a reused instance, its
+    /// labels from `route_templates` and its outgoing calls within `outbound`; `permit` is its
+    /// instance slot, held until its body has gone.
+    pub(super) async fn handle(
+        &self,
+        context: RequestContext,
+        metrics: Arc<Metrics>,
+        permit: InstancePermit,
+        route_templates: Arc<RouteTemplates>,
+        outbound: Outbound,
+        request: http::Request<WasiBody>,
+    ) -> Result<http::Response<GuestBody>, RequestError> {
+        let handler = self.handler.get_or_init(|| {
+            ProxyHandler::new(Instances {
+                pre: self.pre.clone(),
+                reuse: self.reuse,
+                limits: self.limits,
+                capacity: Arc::clone(&self.capacity),
+                users: Arc::clone(context.users()),
+                metrics,
+            })
+        });
+        let record = Arc::clone(context.record());
+        let cost = context.cost_report();
+        let parts = RequestParts::new(context, route_templates, outbound);
+        let ending = RequestEnd {
+            cost,
+            record,
+            slot: Arc::new(RequestSlot::new(parts)),
+            _permit: permit,
+        };
+        // The instance's own expiry ends a request at its deadline; this is the backstop.
+        let backstop = self.limits.request_timeout * 2 + Duration::from_secs(1);
+        let answer =
+            tokio::time::timeout(backstop, handler.handle(Arc::clone(&ending.slot), request))
+                .await
+                .map_err(|_| RequestError::Timeout)?;
+        match answer {
+            Ok(response) => Ok(response.map(|body| GuestBody::reused(body, ending))),
+            Err(error) => Err(failure(error, ending.instance())),
+        }
+    }
+}
+
+/// The request error `error` from wasmtime-wasi-http's handler means, `instance` being the
+/// instance that served it, if one did.
+fn failure(error: wasmtime::Error, instance: Option<&ServingInstance>) -> RequestError {
+    let expired = instance.is_some_and(|instance| instance.expired.load(Ordering::SeqCst));
+    if error.is::<ExpirationError>() || expired {
+        return RequestError::Timeout;
+    }
+    if let Some(refused) = error.downcast_ref::<InstantiationError<Arc<RequestSlot>>>() {
+        let text = one_line(&**refused.error);
+        return if text.contains(BUDGET_SPENT) {
+            RequestError::OverBudget(error)
+        } else {
+            RequestError::Setup(error)
+        };
+    }
+    if let Some(code) = error.downcast_ref::<p3::bindings::http::types::ErrorCode>() {
+        return RequestError::ErrorCode(bounded_debug(code, MAX_ERROR_CODE_TEXT));
+    }
+    let cost = instance.map(|instance| &instance.record.cost);
+    if cost.is_some_and(|cost| cost.was_over_budget()) {
+        RequestError::OverBudget(error)
+    } else if cost.is_some_and(|cost| cost.was_over_limit()) {
+        RequestError::OverLimit(error)
+    } else if error.is::<TrapOrPanicError>() {
+        RequestError::Trapped(error.context("the reused instance serving it failed"))
+    } else {
+        RequestError::Trapped(error)
+    }
+}
+
+/// What ends with a reused instance's request (its body gone, or its failure answered): its
+/// parts, its cost report (the instance's memory peak its own), its instance slot.
+pub(super) struct RequestEnd {
+    cost: Option<CostReport>,
+    record: Arc<RequestRecord>,
+    slot: Arc<RequestSlot>,
+    _permit: InstancePermit,
+}
+
+impl RequestEnd {
+    fn instance(&self) -> Option<&ServingInstance> {
+        self.slot.instance()
+    }
+}
+
+impl Drop for RequestEnd {
+    fn drop(&mut self) {
+        self.slot.end();
+        if let Some(instance) = self.slot.instance() {
+            let peak = instance.record.cost.read().memory_peak;
+            self.record.cost.memory_grew(peak);
+        }
+        drop(self.cost.take());
+    }
+}
+
+/// What the workers share: how to make an instance.
+struct Instances {
+    pre: p3::bindings::ServicePre<RequestState>,
+    reuse: InstanceReuse,
+    limits: GuestLimits,
+    capacity: Arc<GuestCapacity>,
+    users: Arc<UserStore>,
+    metrics: Arc<Metrics>,
+}
+
+impl HandlerState for Instances {
+    type StoreData = RequestState;
+    type WorkerExpiration = Expiry;
+    type WorkerState = Worker;
+
+    async fn instantiate(&self) -> wasmtime::Result<Instance<RequestState, Expiry, Worker>> {
+        let instance = Arc::new(ServingInstance::default());
+        // Between its requests' host calls, an instance has a quiet request's parts: no span,
+        // no outgoing call allowed.
+        let idle = RequestParts::new(
+            RequestContext::quiet(Arc::clone(&self.users)),
+            Arc::default(),
+            Outbound {
+                rules: Arc::default(),
+                deadline: Instant::now(),
+            },
+        );
+        let mut store = new_reused_store(
+            self.pre.engine(),
+            idle,
+            GuestOutput::new(Some((RequestSpan::none(), Arc::clone(&self.metrics)))),
+            self.capacity.limiter(Arc::clone(&instance.record)),
+            self.capacity.held_objects(&http::HeaderMap::new()),
+        );
+        // The guest yields at every tick; the instance's expiry, not the epoch, stops it.
+        store.set_epoch_deadline(1);
+        store.epoch_deadline_callback(|_| Ok(UpdateDeadline::Yield(1)));
+        let started = Instant::now();
+        let service = tokio::time::timeout(
+            self.limits.request_timeout,
+            self.pre.instantiate_async(&mut store),
+        )
+        .await
+        .map_err(|_| wasmtime::format_err!("instantiating the guest outlived the deadline"))??;
+        self.metrics.observe_instantiation(started.elapsed());
+        Ok(Instance {
+            store,
+            proxy: Proxy::P3(service),
+            view: <RequestState as WasiHttpView>::http,
+            expiration: Expiry {
+                idle_timeout: self.reuse.idle_timeout,
+                request_timeout: self.limits.request_timeout,
+                timer: Box::pin(tokio::time::sleep(Duration::ZERO)),
+                instance: Arc::clone(&instance),
+            },
+            state: Worker {
+                reuse: self.reuse,
+                request_timeout: self.limits.request_timeout,
+                instance,
+            },
+        })
+    }
+}
+
+/// One instance's worker: how many requests it takes, and what they learn of the instance.
+struct Worker {
+    reuse: InstanceReuse,
+    request_timeout: Duration,
+    instance: Arc<ServingInstance>,
+}
+
+impl WorkerState for Worker {
+    type StoreData = RequestState;
+    type RequestData = Arc<RequestSlot>;
+
+    fn should_accept_request(&self, concurrent: usize, total: usize) -> ShouldAccept {
+        if total >= self.reuse.requests as usize {
+            ShouldAccept::Never
+        } else if concurrent >= self.reuse.concurrent as usize {
+            ShouldAccept::No
+        } else {
+            ShouldAccept::Yes
+        }
+    }
+
+    fn on_request_start(
+        &self,
+        mut store: StoreContextMut<'_, RequestState>,
+        slot: Arc<RequestSlot>,
+        task: GuestTaskId,
+    ) -> Pin<Box<dyn Future<Output = ()> + Send + Sync>> {
+        slot.served_by(Arc::clone(&self.instance));
+        store.data_mut().adopt(task, slot);
+        Box::pin(tokio::time::sleep(self.request_timeout))
+    }
+
+    fn drop(&self, store: Store<RequestState>, result: wasmtime::Result<()>) {
+        drop(store);
+        if let Err(error) = result {
+            tracing::warn!(error = one_line(&*error), "a reused guest instance ended");
+        }
+    }
+}
+
+/// When an instance goes: idle past the idle timeout, or working (towards a response, or after
+/// it) past the request deadline since its latest request came, the backstop of the
+/// per-request deadline, which a guest busy in a loop keeps from firing.
+struct Expiry {
+    idle_timeout: Duration,
+    request_timeout: Duration,
+    timer: Pin<Box<tokio::time::Sleep>>,
+    /// Told when it stops the instance at a deadline, so its requests are answered 503.
+    instance: Arc<ServingInstance>,
+}
+
+impl WorkerExpiration for Expiry {
+    fn poll(
+        self: Pin<&mut Self>,
+        context: &mut Context<'_>,
+        status: WorkerStatus,
+        since: Instant,
+    ) -> Poll<()> {
+        let expiry = self.get_mut();
+        let allowed = match status {
+            WorkerStatus::Idle => expiry.idle_timeout,
+            WorkerStatus::Requests | WorkerStatus::PostReturn => expiry.request_timeout,
+        };
+        let at = since + allowed;
+        if Instant::now() >= at {
+            if status != WorkerStatus::Idle {
+                expiry.instance.expired.store(true, Ordering::SeqCst);
+            }
+            return Poll::Ready(());
+        }
+        expiry.timer.as_mut().reset(at.into());
+        // Pending until `at`, when the worker polls again.
+        let _ = expiry.timer.as_mut().poll(context);
+        Poll::Pending
+    }
+}
