@@ -198,6 +198,12 @@ measure() {
     host-p3)
       # The WASIp3 fixture, a fresh instance per request, the host's defaults.
       start_host 18102 "$WASM/p3_guest.wasm"; load "$1" http://127.0.0.1:18102/api/health ;;
+    host-p3-reuse)
+      # The same, each instance reused as wasmtime serve does by default (128 requests, 16 at
+      # once, 1 s idle), the host's other defaults (spans exported) kept.
+      start_host 18105 "$WASM/p3_guest.wasm" --max-instance-reuse-count 128 \
+        --max-instance-concurrent-reuse-count 16 --idle-instance-timeout-ms 1000
+      load "$1" http://127.0.0.1:18105/api/health ;;
     wasmtime-serve-p3-fresh|wasmtime-serve-p3-reuse)
       # The same component under `wasmtime serve`: fresh per request, or reusing each instance
       # as it does by default for WASIp3 (128 requests, 16 at once).
@@ -246,7 +252,7 @@ CONTENDERS=(native-hyper host-minimal host-nostd host-real host-real-otlp
   ${BENCH_BEFORE:+host-before} host-real-otlp-traces host-real-otlp-metrics host-real-otlp-logs
   host-real-otlp-silent host-real-no-export wasmtime-serve-minimal wasmtime-serve-nostd host-python
   wasmtime-serve-python host-js wasmtime-serve-js host-p3 wasmtime-serve-p3-fresh
-  wasmtime-serve-p3-reuse)
+  host-p3-reuse wasmtime-serve-p3-reuse)
 echo "== throughput (wrk -t2 -c$CONNECTIONS, ${SECONDS_PER_RUN}s each, GET /api/health, /hello for the Python and JavaScript guests, $ROUNDS rounds)"
 command -v wasmtime >/dev/null ||
   echo "  wasmtime serve: skipped, no wasmtime CLI (cargo install wasmtime-cli --version 48.0.8 --locked)"

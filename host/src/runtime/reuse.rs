@@ -192,14 +192,14 @@ impl HandlerState for Instances {
         let instance = Arc::new(ServingInstance::default());
         // Between its requests' host calls, an instance has a quiet request's parts: no span,
         // no outgoing call allowed.
-        let idle = RequestParts::new(
+        let idle = Box::new(RequestParts::new(
             RequestContext::quiet(Arc::clone(&self.users)),
             Arc::default(),
             Outbound {
                 rules: Arc::default(),
                 deadline: Instant::now(),
             },
-        );
+        ));
         let mut store = new_reused_store(
             self.pre.engine(),
             idle,

@@ -138,8 +138,9 @@ pub struct RequestState {
     http: WasiHttpCtx,
     /// Resources (streams, requests, responses, span handles) the guest holds handles to.
     table: ResourceTable,
-    /// The host's side of the request the guest is serving now.
-    request: RequestParts,
+    /// The host's side of the request the guest is serving now (boxed: a reused instance
+    /// swaps it at every host call).
+    request: Box<RequestParts>,
     /// The instance's resource limits and the host-wide memory budget, enforced by wasmtime.
     limits: InstanceLimiter,
     /// What the objects in `table` hold of the memory budget.
@@ -235,7 +236,7 @@ pub fn new_store(
             Arc::clone(&reporting.metrics),
         )
     }));
-    let request = RequestParts::new(context, route_templates, outbound);
+    let request = Box::new(RequestParts::new(context, route_templates, outbound));
     store_of(engine, request, output, limits, held, None)
 }
 
@@ -244,7 +245,7 @@ pub fn new_store(
 /// Its output, bounded as one request's, is logged in `output`, outside any request.
 pub fn new_reused_store(
     engine: &Engine,
-    idle: RequestParts,
+    idle: Box<RequestParts>,
     output: GuestOutput,
     limits: InstanceLimiter,
     held: HeldObjects,
@@ -261,7 +262,7 @@ pub fn new_reused_store(
 
 fn store_of(
     engine: &Engine,
-    request: RequestParts,
+    request: Box<RequestParts>,
     output: GuestOutput,
     limits: InstanceLimiter,
     held: HeldObjects,
@@ -317,7 +318,7 @@ fn store_of(
 /// its task's host calls, here between them, and dropped when the request ends, wherever they
 /// are then.
 pub struct RequestSlot {
-    parts: Mutex<Option<RequestParts>>,
+    parts: Mutex<Option<Box<RequestParts>>>,
     ended: AtomicBool,
     /// The instance serving the request, once one does.
     instance: OnceLock<Arc<ServingInstance>>,
@@ -336,7 +337,7 @@ impl RequestSlot {
     /// A slot holding `parts`.
     pub fn new(parts: RequestParts) -> RequestSlot {
         RequestSlot {
-            parts: Mutex::new(Some(parts)),
+            parts: Mutex::new(Some(Box::new(parts))),
             ended: AtomicBool::new(false),
             instance: OnceLock::new(),
         }
@@ -359,11 +360,11 @@ impl RequestSlot {
         drop(parts);
     }
 
-    fn take(&self) -> Option<RequestParts> {
+    fn take(&self) -> Option<Box<RequestParts>> {
         self.lock().take()
     }
 
-    fn put_back(&self, parts: RequestParts) {
+    fn put_back(&self, parts: Box<RequestParts>) {
         let mut slot = self.lock();
         if self.ended.load(Ordering::SeqCst) {
             drop(slot);
@@ -377,7 +378,7 @@ impl RequestSlot {
         self.ended.load(Ordering::SeqCst)
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Option<RequestParts>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Option<Box<RequestParts>>> {
         self.parts.lock().unwrap_or_else(PoisonError::into_inner)
     }
 }
@@ -388,7 +389,7 @@ impl RequestSlot {
 struct ReusedRequests {
     tasks: HashMap<GuestTaskId, Arc<RequestSlot>>,
     /// The slot whose parts are in the store now, and the idle parts they replaced.
-    entered: Option<(Arc<RequestSlot>, RequestParts)>,
+    entered: Option<(Arc<RequestSlot>, Box<RequestParts>)>,
 }
 
 impl RequestState {
