@@ -238,6 +238,30 @@ async fn a_trap_in_a_reused_instance_fails_the_requests_inside_it_and_no_other()
     assert_eq!((status, &body["served"]), (200, &Value::from(3)));
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_reuse_every_live_instance_holds_an_instance_slot_busy_or_idle() {
+    let host = Arc::new(reusing_host(
+        "100",
+        "1",
+        &[("MAX_INSTANCES", "2"), ("IDLE_INSTANCE_TIMEOUT_MS", "5000")],
+    ));
+    // Two instances take both slots, and keep them while idle; a third cannot start.
+    let mut requests = Vec::new();
+    for _ in 0..3 {
+        let host = Arc::clone(&host);
+        requests.push(tokio::spawn(async move { get(&host, "/sleep").await.0 }));
+        tokio::time::sleep(Duration::from_millis(40)).await;
+    }
+    let mut statuses = Vec::new();
+    for request in requests {
+        statuses.push(request.await.unwrap());
+    }
+    assert_eq!(statuses, [200, 200, 503]);
+    // The two instances, idle now, serve the next requests.
+    let (status, body) = get(&host, "/api/health").await;
+    assert_eq!((status, &body["served"]), (200, &Value::from(2)));
+}
+
 #[tokio::test]
 async fn a_reused_instance_that_loops_is_stopped_at_the_deadline_with_503() {
     let host = reusing_host("100", "16", &[("REQUEST_TIMEOUT_MS", "200")]);

@@ -163,7 +163,6 @@ impl Guest {
         B: http_body::Body<Data = bytes::Bytes> + Send + 'static,
         B::Error: Into<wasmtime_wasi_http::Error>,
     {
-        let permit = self.capacity.slots.acquire_running(context.peer()).await?;
         // A client's request to a reused guest; the host's own probes get a fresh instance.
         if let (Some(reused), Some(metrics)) = (&self.reused, context.metrics()) {
             let outbound = Outbound {
@@ -175,9 +174,10 @@ impl Guest {
                 .map_err(RequestError::Setup)?
                 .map(|body| body.map_err(Into::into).boxed_unsync());
             return reused
-                .handle(context, metrics, permit, templates, outbound, request)
+                .handle(context, metrics, templates, outbound, request)
                 .await;
         }
+        let permit = self.capacity.slots.acquire_running(context.peer()).await?;
         let held = self.capacity.held_objects(request.headers());
         let metrics = context.metrics();
         let body_metrics = metrics.clone();

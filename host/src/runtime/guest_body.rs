@@ -2,6 +2,8 @@
 
 use std::sync::Arc;
 
+use std::sync::atomic::Ordering;
+
 use bytes::Bytes;
 use opentelemetry::trace::TraceContextExt;
 
@@ -9,6 +11,7 @@ use crate::error::one_line;
 use crate::observability::metrics::{Metrics, TRAP_MOMENTS};
 use crate::observability::request_fields::{self, RequestFields};
 use crate::observability::request_span::log_records_exported;
+use crate::runtime::store::ServingInstance;
 use wasmtime_wasi_http::p2::body::HyperOutgoingBody;
 
 /// A guest's response body that ends only when the guest's task has ended well.
@@ -24,6 +27,9 @@ pub struct GuestBody {
     failure: FailureReport,
     /// What ends with the body of a reused instance's request (`runtime::reuse`).
     _request: Option<Box<dyn Send>>,
+    /// The reused instance writing the body: a body whose stream ends once it has failed was
+    /// cut short.
+    instance: Option<Arc<ServingInstance>>,
 }
 
 /// Where a guest that fails after its response head is reported.
@@ -76,12 +82,17 @@ impl GuestBody {
                 metrics,
             },
             _request: None,
+            instance: None,
         }
     }
 
-    /// The body of a reused instance's response: the instance outlives it, and `request` ends
-    /// with it (its failure mid-stream is the instance's, logged when the instance ends).
-    pub(super) fn reused(inner: HyperOutgoingBody, request: impl Send + 'static) -> GuestBody {
+    /// The body of a reused `instance`'s response: the instance outlives it, and `request` ends
+    /// with it (the instance's failure is logged when the instance ends).
+    pub(super) fn reused(
+        inner: HyperOutgoingBody,
+        request: impl Send + 'static,
+        instance: Option<Arc<ServingInstance>>,
+    ) -> GuestBody {
         GuestBody {
             inner,
             task: None,
@@ -91,6 +102,7 @@ impl GuestBody {
                 metrics: None,
             },
             _request: Some(Box::new(request)),
+            instance,
         }
     }
 }
@@ -138,7 +150,15 @@ impl http_body::Body for GuestBody {
             other => return other,
         }
         let Some(task) = self.task.as_mut() else {
-            return Poll::Ready(None);
+            let cut = self
+                .instance
+                .as_ref()
+                .is_some_and(|instance| instance.failed.load(Ordering::SeqCst));
+            return Poll::Ready(cut.then(|| {
+                Err(wasmtime_wasi_http::Error::InternalError(Some(
+                    "the reused instance failed while streaming the body".to_string(),
+                )))
+            }));
         };
         let Poll::Ready(outcome) = std::pin::Pin::new(task).poll(cx) else {
             return Poll::Pending;
@@ -159,7 +179,8 @@ impl http_body::Body for GuestBody {
     }
 
     fn is_end_stream(&self) -> bool {
-        self.task.is_none() && self.inner.is_end_stream()
+        // A reused instance's body ends only through `poll_frame`, which checks the instance.
+        self.task.is_none() && self.instance.is_none() && self.inner.is_end_stream()
     }
 
     fn size_hint(&self) -> http_body::SizeHint {

@@ -38,7 +38,7 @@ use crate::runtime::guest_body::GuestBody;
 use crate::runtime::pool::BUDGET_SPENT;
 use crate::runtime::slots::InstancePermit;
 use crate::runtime::store::{
-    Outbound, RequestContext, RequestParts, RequestSlot, RequestState, ServingInstance,
+    Outbound, RequestContext, RequestParts, RequestSlot, RequestState, Served, ServingInstance,
     new_reused_store,
 };
 use crate::user_store::UserStore;
@@ -74,13 +74,12 @@ impl ReusedInstances {
     }
 
     /// Serves a client's request (`context`, counted in `metrics`) in a reused instance, its
-    /// labels from `route_templates` and its outgoing calls within `outbound`; `permit` is its
-    /// instance slot, held until its body has gone.
+    /// labels from `route_templates` and its outgoing calls within `outbound`. The instance,
+    /// not the request, holds an instance slot, for its whole life.
     pub(super) async fn handle(
         &self,
         context: RequestContext,
         metrics: Arc<Metrics>,
-        permit: InstancePermit,
         route_templates: Arc<RouteTemplates>,
         outbound: Outbound,
         request: http::Request<WasiBody>,
@@ -102,7 +101,6 @@ impl ReusedInstances {
             cost,
             record,
             slot: Arc::new(RequestSlot::new(parts)),
-            _permit: permit,
         };
         // The instance's own expiry ends a request at its deadline; this is the backstop.
         let backstop = self.limits.request_timeout * 2 + Duration::from_secs(1);
@@ -111,34 +109,72 @@ impl ReusedInstances {
                 .await
                 .map_err(|_| RequestError::Timeout)?;
         match answer {
-            Ok(response) => Ok(response.map(|body| GuestBody::reused(body, ending))),
-            Err(error) => Err(failure(error, ending.instance())),
+            Ok(response) => {
+                let instance = ending
+                    .slot
+                    .served()
+                    .map(|served| Arc::clone(&served.instance));
+                Ok(response.map(|body| GuestBody::reused(body, ending, instance)))
+            }
+            Err(error) => Err(failure(error, ending.slot.served())),
         }
     }
 }
 
-/// The request error `error` from wasmtime-wasi-http's handler means, `instance` being the
-/// instance that served it, if one did.
-fn failure(error: wasmtime::Error, instance: Option<&ServingInstance>) -> RequestError {
-    let expired = instance.is_some_and(|instance| instance.expired.load(Ordering::SeqCst));
+/// Why no instance could be made for a request.
+#[derive(Debug)]
+enum InstanceRefused {
+    /// Every instance slot stayed taken.
+    Busy,
+    /// The memory budget refused the new instance its memory.
+    OverBudget,
+    /// Instantiating took longer than a request may.
+    Timeout,
+}
+
+impl std::fmt::Display for InstanceRefused {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            InstanceRefused::Busy => "every instance slot stayed taken",
+            InstanceRefused::OverBudget => BUDGET_SPENT,
+            InstanceRefused::Timeout => "instantiating the guest outlived the deadline",
+        })
+    }
+}
+
+impl std::error::Error for InstanceRefused {}
+
+/// The request error `error` from wasmtime-wasi-http's handler means, `served` saying which
+/// instance served the request, if one did.
+fn failure(error: wasmtime::Error, served: Option<&Served>) -> RequestError {
+    if let Some(refused) = error.downcast_ref::<InstantiationError<Arc<RequestSlot>>>() {
+        return match refused.error.downcast_ref::<InstanceRefused>() {
+            Some(InstanceRefused::Busy) => RequestError::Busy,
+            Some(InstanceRefused::OverBudget) => RequestError::OverBudget(error),
+            Some(InstanceRefused::Timeout) => RequestError::Timeout,
+            None if one_line(&**refused.error).contains(BUDGET_SPENT) => {
+                RequestError::OverBudget(error)
+            }
+            None => RequestError::Setup(error),
+        };
+    }
+    let expired = served.is_some_and(|served| served.instance.expired.load(Ordering::SeqCst));
     if error.is::<ExpirationError>() || expired {
         return RequestError::Timeout;
-    }
-    if let Some(refused) = error.downcast_ref::<InstantiationError<Arc<RequestSlot>>>() {
-        let text = one_line(&**refused.error);
-        return if text.contains(BUDGET_SPENT) {
-            RequestError::OverBudget(error)
-        } else {
-            RequestError::Setup(error)
-        };
     }
     if let Some(code) = error.downcast_ref::<p3::bindings::http::types::ErrorCode>() {
         return RequestError::ErrorCode(bounded_debug(code, MAX_ERROR_CODE_TEXT));
     }
-    let cost = instance.map(|instance| &instance.record.cost);
-    if cost.is_some_and(|cost| cost.was_over_budget()) {
+    // A refusal the instance met while the request was inside it.
+    let refused = |now: fn(&ServingInstance) -> bool, before: fn(&Served) -> bool| {
+        served.is_some_and(|served| now(&served.instance) && !before(served))
+    };
+    if refused(
+        |i| i.record.cost.was_over_budget(),
+        |s| s.over_budget_before,
+    ) {
         RequestError::OverBudget(error)
-    } else if cost.is_some_and(|cost| cost.was_over_limit()) {
+    } else if refused(|i| i.record.cost.was_over_limit(), |s| s.over_limit_before) {
         RequestError::OverLimit(error)
     } else if error.is::<TrapOrPanicError>() {
         RequestError::Trapped(error.context("the reused instance serving it failed"))
@@ -148,25 +184,18 @@ fn failure(error: wasmtime::Error, instance: Option<&ServingInstance>) -> Reques
 }
 
 /// What ends with a reused instance's request (its body gone, or its failure answered): its
-/// parts, its cost report (the instance's memory peak its own), its instance slot.
+/// parts, and its cost report (the instance's memory peak its own).
 pub(super) struct RequestEnd {
     cost: Option<CostReport>,
     record: Arc<RequestRecord>,
     slot: Arc<RequestSlot>,
-    _permit: InstancePermit,
-}
-
-impl RequestEnd {
-    fn instance(&self) -> Option<&ServingInstance> {
-        self.slot.instance()
-    }
 }
 
 impl Drop for RequestEnd {
     fn drop(&mut self) {
         self.slot.end();
-        if let Some(instance) = self.slot.instance() {
-            let peak = instance.record.cost.read().memory_peak;
+        if let Some(served) = self.slot.served() {
+            let peak = served.instance.record.cost.read().memory_peak;
             self.record.cost.memory_grew(peak);
         }
         drop(self.cost.take());
@@ -189,6 +218,13 @@ impl HandlerState for Instances {
     type WorkerState = Worker;
 
     async fn instantiate(&self) -> wasmtime::Result<Instance<RequestState, Expiry, Worker>> {
+        // Every live instance holds a slot, so instances stay within the pools' regions.
+        let permit = self
+            .capacity
+            .slots
+            .acquire_running(None)
+            .await
+            .map_err(|_| InstanceRefused::Busy)?;
         let instance = Arc::new(ServingInstance::default());
         // Between its requests' host calls, an instance has a quiet request's parts: no span,
         // no outgoing call allowed.
@@ -216,7 +252,14 @@ impl HandlerState for Instances {
             self.pre.instantiate_async(&mut store),
         )
         .await
-        .map_err(|_| wasmtime::format_err!("instantiating the guest outlived the deadline"))??;
+        .map_err(|_| InstanceRefused::Timeout)?
+        .map_err(|error| {
+            if instance.record.cost.was_over_budget() {
+                InstanceRefused::OverBudget.into()
+            } else {
+                error
+            }
+        })?;
         self.metrics.observe_instantiation(started.elapsed());
         Ok(Instance {
             store,
@@ -232,16 +275,19 @@ impl HandlerState for Instances {
                 reuse: self.reuse,
                 request_timeout: self.limits.request_timeout,
                 instance,
+                _permit: permit,
             },
         })
     }
 }
 
-/// One instance's worker: how many requests it takes, and what they learn of the instance.
+/// One instance's worker: how many requests it takes, what they learn of the instance, and
+/// its slot, given back after its store.
 struct Worker {
     reuse: InstanceReuse,
     request_timeout: Duration,
     instance: Arc<ServingInstance>,
+    _permit: InstancePermit,
 }
 
 impl WorkerState for Worker {
@@ -270,6 +316,10 @@ impl WorkerState for Worker {
     }
 
     fn drop(&self, store: Store<RequestState>, result: wasmtime::Result<()>) {
+        if result.is_err() {
+            // Before the store goes: the bodies its drop ends were cut short.
+            self.instance.failed.store(true, Ordering::SeqCst);
+        }
         drop(store);
         if let Err(error) = result {
             tracing::warn!(error = one_line(&*error), "a reused guest instance ended");
@@ -308,8 +358,13 @@ impl WorkerExpiration for Expiry {
             return Poll::Ready(());
         }
         expiry.timer.as_mut().reset(at.into());
-        // Pending until `at`, when the worker polls again.
-        let _ = expiry.timer.as_mut().poll(context);
-        Poll::Pending
+        // Pending until `at`, when the worker polls again; a timer already past it expires now.
+        if expiry.timer.as_mut().poll(context).is_pending() {
+            return Poll::Pending;
+        }
+        if status != WorkerStatus::Idle {
+            expiry.instance.expired.store(true, Ordering::SeqCst);
+        }
+        Poll::Ready(())
     }
 }

@@ -77,7 +77,8 @@ pub struct GuestSettings {
           value_parser = clap::value_parser!(u64).range(1..=16 << 20))]
     pub guest_memory_budget_mb: Option<u64>,
 
-    /// Most guest instances working towards a response head at once.
+    /// Most guest instances working towards a response head at once (a reused WASIp3 instance
+    /// holds one for its whole life).
     #[arg(long, env = "MAX_INSTANCES", default_value_t = DEFAULT_MAX_INSTANCES,
           value_parser = clap::value_parser!(u32).range(1..=4096))]
     pub max_instances: u32,

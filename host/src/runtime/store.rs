@@ -321,7 +321,7 @@ pub struct RequestSlot {
     parts: Mutex<Option<Box<RequestParts>>>,
     ended: AtomicBool,
     /// The instance serving the request, once one does.
-    instance: OnceLock<Arc<ServingInstance>>,
+    instance: OnceLock<Served>,
 }
 
 /// What a request learns of the reused instance that serves it.
@@ -331,6 +331,20 @@ pub struct ServingInstance {
     pub record: Arc<RequestRecord>,
     /// Set when the instance outlived a deadline and was stopped.
     pub expired: AtomicBool,
+    /// Set when the instance ended in failure (a trap, a deadline), before its store goes: a
+    /// body whose stream ends then was cut short, not finished.
+    pub failed: AtomicBool,
+}
+
+/// The instance serving a request, and what its flags said when the request came: a refusal
+/// before it is not the request's.
+pub struct Served {
+    /// The instance.
+    pub instance: Arc<ServingInstance>,
+    /// Whether the budget had refused the instance memory before.
+    pub over_budget_before: bool,
+    /// Whether its own limit had refused it memory before.
+    pub over_limit_before: bool,
 }
 
 impl RequestSlot {
@@ -343,14 +357,18 @@ impl RequestSlot {
         }
     }
 
-    /// Notes that `instance` serves the request.
+    /// Notes that `instance` serves the request from now on.
     pub fn served_by(&self, instance: Arc<ServingInstance>) {
-        let _ = self.instance.set(instance);
+        let _ = self.instance.set(Served {
+            over_budget_before: instance.record.cost.was_over_budget(),
+            over_limit_before: instance.record.cost.was_over_limit(),
+            instance,
+        });
     }
 
     /// The instance serving the request, once one does.
-    pub fn instance(&self) -> Option<&ServingInstance> {
-        self.instance.get().map(Arc::as_ref)
+    pub fn served(&self) -> Option<&Served> {
+        self.instance.get()
     }
 
     /// Ends the request: its parts are dropped now, or as soon as its host call returns.
@@ -402,22 +420,35 @@ impl RequestState {
         }
     }
 
-    /// Puts the parts of `task`'s request in place for the host call it is making.
+    /// Puts the parts of `task`'s request in place for the host call it is making. A task
+    /// that suspended inside a host call (waiting on a waitable set, yielding) gives its
+    /// parts back first: the call being made now is another task's.
     fn enter(&mut self, task: Option<GuestTaskId>) {
-        let Some(reused) = &mut self.reused else {
-            return;
-        };
-        if reused.entered.is_some() {
+        let slot = self
+            .reused
+            .as_ref()
+            .and_then(|reused| task.and_then(|task| reused.tasks.get(&task)))
+            .cloned();
+        let entered = self
+            .reused
+            .as_ref()
+            .and_then(|reused| reused.entered.as_ref());
+        if let (Some(slot), Some((entered, _))) = (&slot, entered)
+            && Arc::ptr_eq(slot, entered)
+        {
             return;
         }
-        let Some(slot) = task.and_then(|task| reused.tasks.get(&task)) else {
+        self.leave();
+        let Some(slot) = slot else {
             return;
         };
         let Some(parts) = slot.take() else {
             return;
         };
         let idle = std::mem::replace(&mut self.request, parts);
-        reused.entered = Some((Arc::clone(slot), idle));
+        if let Some(reused) = &mut self.reused {
+            reused.entered = Some((slot, idle));
+        }
     }
 
     /// Gives the parts of the request whose host call returned back to its slot.
