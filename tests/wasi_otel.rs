@@ -9,7 +9,7 @@ mod support;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
-use support::jaeger::{Agent, Span, TagValue};
+use support::jaeger::{Agent, Span, TagValue, server_span};
 use support::otlp::{Behaviour, Collector, ReceivedSpan};
 use support::prometheus::{Sample, scrape, value};
 use support::{Host, client, get, guest_path, hostile_host};
@@ -45,13 +45,6 @@ async fn get_with_id(host: &Host, path: &str, request_id: &str) -> u16 {
         .await
         .status()
         .as_u16()
-}
-
-fn server_span<'a>(spans: &'a [Span], request_id: &str) -> Option<&'a Span> {
-    spans.iter().find(|span| {
-        span.str_tag("span.kind") == Some("server")
-            && span.str_tag("request_id") == Some(request_id)
-    })
 }
 
 fn child<'a>(spans: &'a [Span], parent: &Span, name: &str) -> Option<&'a Span> {

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
-use support::jaeger::{Agent, Span};
+use support::jaeger::{Agent, server_span};
 use support::swaps::{answers_while_swapping, assert_every_answer_ok};
 use support::{Host, client, get, guest_path};
 
@@ -308,22 +308,13 @@ async fn requests_sharing_a_reused_instance_each_get_their_own_span_and_user_sto
     let id = created["id"].as_str().expect("the stored user's id");
     let found = support::get_with_id(&host, &format!("/users/{id}"), "read").await;
     assert_eq!(found.status(), 200);
-    let server = |spans: &[Span], request_id: &str| -> Option<Span> {
-        spans
-            .iter()
-            .find(|span| {
-                span.str_tag("span.kind") == Some("server")
-                    && span.str_tag("request_id") == Some(request_id)
-            })
-            .cloned()
-    };
     let spans = agent.wait_for(|spans| {
         ["create", "read"].iter().all(|id| {
-            server(spans, id).is_some_and(|span| span.tag("wasm.host_calls.users").is_some())
+            server_span(spans, id).is_some_and(|span| span.tag("wasm.host_calls.users").is_some())
         })
     });
     for request_id in ["create", "read"] {
-        let server = server(&spans, request_id).unwrap();
+        let server = server_span(&spans, request_id).unwrap();
         assert_eq!(
             server.long_tag("wasm.host_calls.users"),
             Some(1),

@@ -164,6 +164,9 @@ pub fn one_line(error: &(dyn std::error::Error + 'static)) -> String {
     text.split_whitespace().collect::<Vec<_>>().join(" ")
 }
 
+/// The most of a guest's `wasi:http` error code the host writes in its log line.
+pub const MAX_ERROR_CODE_TEXT: usize = 512;
+
 /// `value`'s `Debug` text, cut after `max` bytes (and marked so): a guest's error code may
 /// carry a string as large as its memory, which is never escaped whole.
 pub fn bounded_debug(value: &impl std::fmt::Debug, max: usize) -> String {

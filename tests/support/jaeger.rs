@@ -251,3 +251,11 @@ fn read_tag(protocol: &mut Protocol<'_>) -> thrift::Result<(String, TagValue)> {
         value.ok_or_else(|| thrift::Error::from("tag without a value"))?,
     ))
 }
+
+/// The server span of the request whose `x-request-id` was `request_id`, if it arrived.
+pub fn server_span<'a>(spans: &'a [Span], request_id: &str) -> Option<&'a Span> {
+    spans.iter().find(|span| {
+        span.str_tag("span.kind") == Some("server")
+            && span.str_tag("request_id") == Some(request_id)
+    })
+}

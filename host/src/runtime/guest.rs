@@ -16,7 +16,7 @@ use wasmtime_wasi_http::p2::bindings::http::types::Scheme;
 use wasmtime_wasi_http::p2::body::HyperOutgoingBody;
 use wasmtime_wasi_http::p3;
 
-use crate::error::{RequestError, bounded_debug, one_line};
+use crate::error::{MAX_ERROR_CODE_TEXT, RequestError, bounded_debug, one_line};
 use crate::interfaces::bindings::ServicePre;
 use crate::observability::record::timed;
 use crate::observability::request_fields::in_current_request;
@@ -29,9 +29,6 @@ use crate::runtime::outbound::OutboundRules;
 use crate::runtime::pool::BUDGET_SPENT;
 use crate::runtime::reuse::ReusedInstances;
 use crate::runtime::store::{Outbound, RequestContext, RequestState, new_store};
-
-/// The most of a guest's error code the host writes in its log line.
-const MAX_ERROR_CODE_TEXT: usize = 512;
 
 /// The trap raised when a request outlives its deadline.
 #[derive(Debug)]

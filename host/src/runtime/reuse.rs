@@ -27,7 +27,7 @@ use wasmtime_wasi_http::handler::{
 use wasmtime_wasi_http::p3;
 use wasmtime_wasi_http::{WasiBody, WasiHttpView};
 
-use crate::error::{RequestError, bounded_debug, one_line};
+use crate::error::{MAX_ERROR_CODE_TEXT, RequestError, bounded_debug, one_line};
 use crate::interfaces::stdio::GuestOutput;
 use crate::observability::metrics::Metrics;
 use crate::observability::record::{CostReport, RequestRecord};
@@ -42,9 +42,6 @@ use crate::runtime::store::{
     new_reused_store,
 };
 use crate::user_store::UserStore;
-
-/// The most of a guest's error code the host writes in its log line.
-const MAX_ERROR_CODE_TEXT: usize = 512;
 
 /// The reused instances of one WASIp3 guest.
 pub(super) struct ReusedInstances {
