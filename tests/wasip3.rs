@@ -1,7 +1,8 @@
 //! End-to-end tests of WASIp3 guests (`wasi:http/handler@0.3.0`), over real sockets: served
 //! with a fresh instance per request like WASIp2 ones, within the same deadline and memory
 //! limit, calling the host's `users` interface, and swapped with a WASIp2 guest while serving;
-//! and with instance reuse on (`--max-instance-reuse-count`), within the counts it is given.
+//! and with instance reuse on (`--max-instance-reuse-count`), within the counts it is given,
+//! which reuses WASIp2 guests' instances too, one request at a time.
 
 mod support;
 
@@ -11,7 +12,7 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 use support::jaeger::{Agent, server_span};
 use support::swaps::{answers_while_swapping, assert_every_answer_ok};
-use support::{Host, client, get, guest_path};
+use support::{Host, client, get, guest_path, hostile_host};
 
 /// The p3 fixture's version (tests/fixtures/p3-guest).
 const P3_VERSION: &str = "3.0.0";
@@ -333,4 +334,81 @@ async fn requests_sharing_a_reused_instance_each_get_their_own_span_and_user_sto
             "{request_id}: one user-store span under its own"
         );
     }
+}
+
+/// What the hostile fixture's `/remember` reports of an instance that has served `earlier`
+/// requests before: its counter, the statics and the grown page those requests wrote.
+fn remembered(earlier: u64) -> Value {
+    if earlier == 0 {
+        serde_json::json!({"counter": 0, "dirty_words": 0, "dirty_grown_bytes": 0})
+    } else {
+        serde_json::json!({"counter": earlier, "dirty_words": 8192, "dirty_grown_bytes": 0})
+    }
+}
+
+#[tokio::test]
+async fn with_reuse_a_wasip2_instance_serves_up_to_the_reuse_count_one_request_at_a_time() {
+    let host = hostile_host(&[
+        ("MAX_INSTANCE_REUSE_COUNT", "3"),
+        ("MAX_INSTANCE_CONCURRENT_REUSE_COUNT", "16"),
+    ]);
+    let loaded = host.wait_for_log(|line| line["message"] == "guest loaded");
+    assert_eq!(
+        loaded["instances"], "reused: up to 3 requests each, 1 at once, dropped after 1000 ms idle",
+        "a WASIp2 export is synchronous: {loaded}"
+    );
+    for earlier in [0, 1, 2, 0, 1, 2, 0] {
+        assert_eq!(get(&host, "/remember").await, (200, remembered(earlier)));
+    }
+}
+
+#[tokio::test]
+async fn a_trap_in_a_reused_wasip2_instance_gets_500_and_the_next_request_a_fresh_instance() {
+    let host = hostile_host(&[("MAX_INSTANCE_REUSE_COUNT", "100")]);
+    assert_eq!(get(&host, "/remember").await, (200, remembered(0)));
+    assert_eq!(get(&host, "/remember").await, (200, remembered(1)));
+    let (status, body) = get(&host, "/past-the-end").await;
+    assert_eq!(
+        (status, body),
+        (500, serde_json::json!({"error": "Internal server error"}))
+    );
+    assert_eq!(get(&host, "/remember").await, (200, remembered(0)));
+}
+
+#[tokio::test]
+async fn requests_through_a_reused_wasip2_instance_each_name_their_own_route() {
+    let host = Host::builder()
+        .guest("orders-guest")
+        .env(&[("MAX_INSTANCE_REUSE_COUNT", "100")])
+        .start();
+    for _ in 0..3 {
+        let put = client().put(host.url("/api/orders/7")).body("{}").send();
+        assert_eq!(put.await.unwrap().status(), 200);
+        let get = client().get(host.url("/api/renaming")).send();
+        assert_eq!(get.await.unwrap().status(), 200);
+    }
+    let samples = support::prometheus::scrape(&host).await;
+    let requests = |method, route| {
+        let labels = [("method", method), ("route", route), ("status", "200")];
+        support::prometheus::value(&samples, "http_requests_total", &labels)
+    };
+    assert_eq!(requests("PUT", "/api/orders/{id}"), 3.0);
+    assert_eq!(requests("GET", "/api/b"), 3.0);
+}
+
+#[tokio::test]
+async fn a_reused_wasip2_instance_that_loops_is_stopped_at_the_deadline_with_503() {
+    let host = hostile_host(&[
+        ("MAX_INSTANCE_REUSE_COUNT", "100"),
+        ("REQUEST_TIMEOUT_MS", "200"),
+    ]);
+    assert_eq!(get(&host, "/remember").await, (200, remembered(0)));
+    let started = Instant::now();
+    assert_eq!(get(&host, "/loop").await.0, 503);
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        started.elapsed()
+    );
+    assert_eq!(get(&host, "/remember").await, (200, remembered(0)));
 }

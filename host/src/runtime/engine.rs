@@ -114,7 +114,14 @@ impl Runtime {
             source,
         };
         let wasip3 = crate::runtime::admission::exports_wasip3_handler(&bytes);
-        let linked = if wasip3 { &self.wasip3 } else { &self.wasip2 };
+        // Reused instances are served by wasmtime-wasi-http's handler, which needs concurrency
+        // support, whichever the export: a WASIp2 guest is then compiled for WASIp3's engine.
+        let concurrent = wasip3 || self.limits.reuse.is_on();
+        let linked = if concurrent {
+            &self.wasip3
+        } else {
+            &self.wasip2
+        };
         let (component, outcome) = self
             .cache
             .load_or_compile(&linked.engine, &bytes)
@@ -131,7 +138,8 @@ impl Runtime {
             self.limits,
             Arc::clone(&self.capacity),
             Arc::clone(&self.outbound),
-        );
+        )
+        .map_err(invalid)?;
         Ok((guest, outcome))
     }
 }

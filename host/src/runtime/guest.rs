@@ -12,9 +12,10 @@ use wasmtime::component::InstancePre;
 use wasmtime::error::Context as _;
 use wasmtime::{Engine, Store, UpdateDeadline};
 use wasmtime_wasi_http::WasiHttpView;
+use wasmtime_wasi_http::handler::ProxyPre;
 use wasmtime_wasi_http::p2::bindings::http::types::Scheme;
 use wasmtime_wasi_http::p2::body::HyperOutgoingBody;
-use wasmtime_wasi_http::p3;
+use wasmtime_wasi_http::{p2, p3};
 
 use crate::error::{MAX_ERROR_CODE_TEXT, RequestError, bounded_debug, one_line};
 use crate::interfaces::bindings::ServicePre;
@@ -22,7 +23,7 @@ use crate::observability::record::timed;
 use crate::observability::request_fields::in_current_request;
 use crate::observability::request_span::in_log_context;
 use crate::observability::routes::RouteTemplates;
-use crate::runtime::capacity::{GuestCapacity, GuestLimits};
+use crate::runtime::capacity::{GuestCapacity, GuestLimits, InstanceReuse};
 use crate::runtime::guest_body::GuestBody;
 use crate::runtime::held::TooMuchHeld;
 use crate::runtime::outbound::OutboundRules;
@@ -91,7 +92,7 @@ pub struct Guest {
     route_templates: Arc<RouteTemplates>,
     /// The destinations its instances may call.
     outbound: Arc<OutboundRules>,
-    /// Its instances reused, when it is a WASIp3 guest and reuse is on.
+    /// Its instances reused, when reuse is on.
     reused: Option<Arc<ReusedInstances>>,
 }
 
@@ -103,44 +104,59 @@ impl Guest {
         limits: GuestLimits,
         capacity: Arc<GuestCapacity>,
         outbound: Arc<OutboundRules>,
-    ) -> Guest {
-        let reused =
-            match &pre {
-                HandlerPre::P3(pre) if limits.reuse.is_on() => Some(Arc::new(
-                    ReusedInstances::new(pre.clone(), limits.reuse, limits, Arc::clone(&capacity)),
-                )),
-                _ => None,
+    ) -> wasmtime::Result<Guest> {
+        let reused = if limits.reuse.is_on() {
+            let (proxy, reuse) = match &pre {
+                // A WASIp2 export is synchronous: an instance serves one request at a time.
+                HandlerPre::P2(pre) => (
+                    ProxyPre::P2(p2::bindings::ProxyPre::new(pre.instance_pre().clone())?),
+                    InstanceReuse {
+                        concurrent: 1,
+                        ..limits.reuse
+                    },
+                ),
+                HandlerPre::P3(pre) => (ProxyPre::P3(pre.clone()), limits.reuse),
             };
-        Guest {
+            let engine = pre.engine().clone();
+            Some(Arc::new(ReusedInstances::new(
+                proxy,
+                engine,
+                reuse,
+                limits,
+                Arc::clone(&capacity),
+            )))
+        } else {
+            None
+        };
+        Ok(Guest {
             pre,
             limits,
             capacity,
             route_templates: Arc::default(),
             outbound,
             reused,
-        }
+        })
     }
 
-    /// The engine this guest was compiled for: a WASIp2 guest's has no component-model
-    /// concurrency, a WASIp3 guest's has it.
+    /// The engine this guest was compiled for: with component-model concurrency for a WASIp3
+    /// guest or a reused one, without it for a WASIp2 guest served fresh.
     pub fn engine(&self) -> &Engine {
         self.pre.engine()
     }
 
     /// How this guest's instances serve requests, for the log.
     pub fn instances(&self) -> String {
-        let reuse = self.limits.reuse;
-        match (&self.reused, &self.pre) {
-            (Some(_), _) => format!(
-                "reused: up to {} requests each, {} at once, dropped after {} ms idle",
-                reuse.requests,
-                reuse.concurrent,
-                reuse.idle_timeout.as_millis()
-            ),
-            (None, HandlerPre::P2(_)) if reuse.is_on() => {
-                "fresh per request (reuse is for WASIp3 guests)".to_string()
+        match &self.reused {
+            Some(reused) => {
+                let reuse = reused.reuse();
+                format!(
+                    "reused: up to {} requests each, {} at once, dropped after {} ms idle",
+                    reuse.requests,
+                    reuse.concurrent,
+                    reuse.idle_timeout.as_millis()
+                )
             }
-            (None, _) => "fresh per request".to_string(),
+            None => "fresh per request".to_string(),
         }
     }
 

@@ -1,6 +1,7 @@
-//! Opt-in instance reuse for WASIp3 guests, with `wasmtime serve`'s meaning: an instance serves
-//! up to `--max-instance-reuse-count` requests, up to `--max-instance-concurrent-reuse-count`
-//! of them at once, and goes away after `--idle-instance-timeout-ms` without one. The workers,
+//! Opt-in instance reuse, with `wasmtime serve`'s meaning: an instance serves up to
+//! `--max-instance-reuse-count` requests, up to `--max-instance-concurrent-reuse-count` of them
+//! at once (a WASIp2 instance one at a time, its export being synchronous), and goes away after
+//! `--idle-instance-timeout-ms` without one. The workers,
 //! their queue and their expiry are wasmtime-wasi-http's own ([`ProxyHandler`]); this module
 //! gives them the host's stores, limits and per-request parts.
 //!
@@ -19,13 +20,13 @@ use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use wasmtime::component::GuestTaskId;
-use wasmtime::{Store, StoreContextMut, UpdateDeadline};
+use wasmtime::{Engine, Store, StoreContextMut, UpdateDeadline};
 use wasmtime_wasi_http::handler::{
-    ExpirationError, HandlerState, Instance, InstantiationError, Proxy, ProxyHandler, ShouldAccept,
-    TrapOrPanicError, WorkerExpiration, WorkerState, WorkerStatus,
+    ExpirationError, HandlerState, Instance, InstantiationError, ProxyHandler, ProxyPre,
+    ShouldAccept, TrapOrPanicError, WorkerExpiration, WorkerState, WorkerStatus,
 };
-use wasmtime_wasi_http::p3;
 use wasmtime_wasi_http::{WasiBody, WasiHttpView};
+use wasmtime_wasi_http::{p2, p3};
 
 use crate::error::{MAX_ERROR_CODE_TEXT, RequestError, bounded_debug, one_line};
 use crate::interfaces::stdio::GuestOutput;
@@ -43,9 +44,10 @@ use crate::runtime::store::{
 };
 use crate::user_store::UserStore;
 
-/// The reused instances of one WASIp3 guest.
+/// The reused instances of one guest.
 pub(super) struct ReusedInstances {
-    pre: p3::bindings::ServicePre<RequestState>,
+    pre: Arc<ProxyPre<RequestState>>,
+    engine: Engine,
     reuse: InstanceReuse,
     limits: GuestLimits,
     capacity: Arc<GuestCapacity>,
@@ -54,20 +56,28 @@ pub(super) struct ReusedInstances {
 }
 
 impl ReusedInstances {
-    /// Instances of `pre` reused as `reuse` says, each within `limits` and `capacity`.
+    /// Instances of `pre`, compiled for `engine`, reused as `reuse` says, each within `limits`
+    /// and `capacity`.
     pub(super) fn new(
-        pre: p3::bindings::ServicePre<RequestState>,
+        pre: ProxyPre<RequestState>,
+        engine: Engine,
         reuse: InstanceReuse,
         limits: GuestLimits,
         capacity: Arc<GuestCapacity>,
     ) -> ReusedInstances {
         ReusedInstances {
-            pre,
+            pre: Arc::new(pre),
+            engine,
             reuse,
             limits,
             capacity,
             handler: OnceLock::new(),
         }
+    }
+
+    /// How its instances are reused.
+    pub(super) fn reuse(&self) -> InstanceReuse {
+        self.reuse
     }
 
     /// Serves a client's request (`context`, counted in `metrics`) in a reused instance, its
@@ -83,7 +93,8 @@ impl ReusedInstances {
     ) -> Result<http::Response<GuestBody>, RequestError> {
         let handler = self.handler.get_or_init(|| {
             ProxyHandler::new(Instances {
-                pre: self.pre.clone(),
+                pre: Arc::clone(&self.pre),
+                engine: self.engine.clone(),
                 reuse: self.reuse,
                 limits: self.limits,
                 capacity: Arc::clone(&self.capacity),
@@ -162,6 +173,9 @@ fn failure(error: wasmtime::Error, served: Option<&Served>) -> RequestError {
     if let Some(code) = error.downcast_ref::<p3::bindings::http::types::ErrorCode>() {
         return RequestError::ErrorCode(bounded_debug(code, MAX_ERROR_CODE_TEXT));
     }
+    if let Some(code) = error.downcast_ref::<p2::bindings::http::types::ErrorCode>() {
+        return RequestError::ErrorCode(bounded_debug(code, MAX_ERROR_CODE_TEXT));
+    }
     // A refusal the instance met while the request was inside it.
     let refused = |now: fn(&ServingInstance) -> bool, before: fn(&Served) -> bool| {
         served.is_some_and(|served| now(&served.instance) && !before(served))
@@ -201,7 +215,8 @@ impl Drop for RequestEnd {
 
 /// What the workers share: how to make an instance.
 struct Instances {
-    pre: p3::bindings::ServicePre<RequestState>,
+    pre: Arc<ProxyPre<RequestState>>,
+    engine: Engine,
     reuse: InstanceReuse,
     limits: GuestLimits,
     capacity: Arc<GuestCapacity>,
@@ -234,7 +249,7 @@ impl HandlerState for Instances {
             },
         ));
         let mut store = new_reused_store(
-            self.pre.engine(),
+            &self.engine,
             idle,
             GuestOutput::new(Some((RequestSpan::none(), Arc::clone(&self.metrics)))),
             self.capacity.limiter(Arc::clone(&instance.record)),
@@ -244,7 +259,7 @@ impl HandlerState for Instances {
         store.set_epoch_deadline(1);
         store.epoch_deadline_callback(|_| Ok(UpdateDeadline::Yield(1)));
         let started = Instant::now();
-        let service = tokio::time::timeout(
+        let proxy = tokio::time::timeout(
             self.limits.request_timeout,
             self.pre.instantiate_async(&mut store),
         )
@@ -260,7 +275,7 @@ impl HandlerState for Instances {
         self.metrics.observe_instantiation(started.elapsed());
         Ok(Instance {
             store,
-            proxy: Proxy::P3(service),
+            proxy,
             view: <RequestState as WasiHttpView>::http,
             expiration: Expiry {
                 idle_timeout: self.reuse.idle_timeout,

@@ -89,20 +89,20 @@ pub struct GuestSettings {
           value_parser = clap::value_parser!(u32).range(0..=4096))]
     pub max_streaming: u32,
 
-    /// Requests one instance of a WASIp3 guest serves before it is dropped; 1 (the default)
-    /// gives every request a fresh instance. Above 1, requests sharing an instance share its
-    /// memory: see docs/guests.md. WASIp2 guests always get a fresh instance.
+    /// Requests one guest instance serves before it is dropped; 1 (the default) gives every
+    /// request a fresh instance. Above 1, requests sharing an instance share its memory: see
+    /// docs/guests.md.
     #[arg(long, env = "MAX_INSTANCE_REUSE_COUNT", default_value_t = DEFAULT_MAX_INSTANCE_REUSE_COUNT,
           value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
     pub max_instance_reuse_count: u32,
 
-    /// Requests one reused WASIp3 instance serves at once.
+    /// Requests one reused WASIp3 instance serves at once (a WASIp2 instance serves one).
     #[arg(long, env = "MAX_INSTANCE_CONCURRENT_REUSE_COUNT",
           default_value_t = DEFAULT_MAX_INSTANCE_CONCURRENT_REUSE_COUNT,
           value_parser = clap::value_parser!(u32).range(1..=1024))]
     pub max_instance_concurrent_reuse_count: u32,
 
-    /// How long a reused WASIp3 instance waits for another request before it is dropped, in
+    /// How long a reused instance waits for another request before it is dropped, in
     /// milliseconds.
     #[arg(long, env = "IDLE_INSTANCE_TIMEOUT_MS", default_value_t = DEFAULT_IDLE_INSTANCE_TIMEOUT_MS,
           value_parser = clap::value_parser!(u64).range(1..=3_600_000))]
