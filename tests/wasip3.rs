@@ -412,3 +412,61 @@ async fn a_reused_wasip2_instance_that_loops_is_stopped_at_the_deadline_with_503
     );
     assert_eq!(get(&host, "/remember").await, (200, remembered(0)));
 }
+
+#[tokio::test]
+async fn a_reused_wasip2_instance_keeping_every_request_is_stopped_at_its_limit_with_the_cause() {
+    let host = hostile_host(&[
+        ("MAX_INSTANCE_REUSE_COUNT", "1000000"),
+        ("GUEST_MEMORY_MB", "8"),
+    ]);
+    let mut kept = 0;
+    let stopped = loop {
+        let id = format!("keep-{kept}");
+        let response = support::get_with_id(&host, "/keep-request", &id).await;
+        if response.status() != 200 {
+            break (response.status().as_u16(), id);
+        }
+        let body: Value = response.json().await.unwrap();
+        kept += 1;
+        assert_eq!(body["kept"], kept, "one instance keeps them all");
+        assert!(kept < 500, "8 MiB kept more than 500 requests");
+    };
+    assert_eq!(
+        stopped.0, 500,
+        "past the instance's own limit: the guest's fault"
+    );
+    assert!(kept >= 8, "stopped after {kept} requests");
+    let line = host.wait_for_log(|line| line["request_id"] == stopped.1);
+    let cause = line["error"].as_str().unwrap_or_default();
+    assert!(
+        cause.contains("the reused instance serving it failed") && cause.contains("wasi:http"),
+        "{cause}"
+    );
+    let (status, body) = get(&host, "/keep-request").await;
+    assert_eq!((status, body), (200, serde_json::json!({"kept": 1})));
+}
+
+#[tokio::test]
+async fn a_body_a_reused_instance_keeps_open_is_cut_short_at_the_deadline() {
+    let host = hostile_host(&[
+        ("MAX_INSTANCE_REUSE_COUNT", "1000000"),
+        ("REQUEST_TIMEOUT_MS", "300"),
+    ]);
+    let started = Instant::now();
+    let response = client().get(host.url("/keep-body")).send().await.unwrap();
+    assert_eq!(response.status(), 200);
+    let body = tokio::spawn(response.bytes());
+    // The instance keeps serving meanwhile, so it never goes idle.
+    while !body.is_finished() {
+        assert_eq!(get(&host, "/remember").await.0, 200);
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "the body is still open"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(
+        body.await.unwrap().is_err(),
+        "a cut-short body must not look complete"
+    );
+}

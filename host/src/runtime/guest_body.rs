@@ -2,8 +2,6 @@
 
 use std::sync::Arc;
 
-use std::sync::atomic::Ordering;
-
 use bytes::Bytes;
 use opentelemetry::trace::TraceContextExt;
 
@@ -30,6 +28,9 @@ pub struct GuestBody {
     /// The reused instance writing the body: a body whose stream ends once it has failed was
     /// cut short.
     instance: Option<Arc<ServingInstance>>,
+    /// When a reused instance's body is cut short if it has not ended: the instance outlives
+    /// the request, so nothing else ends a body the guest keeps open.
+    deadline: Option<std::pin::Pin<Box<tokio::time::Sleep>>>,
 }
 
 /// Where a guest that fails after its response head is reported.
@@ -83,15 +84,18 @@ impl GuestBody {
             },
             _request: None,
             instance: None,
+            deadline: None,
         }
     }
 
-    /// The body of a reused `instance`'s response: the instance outlives it, and `request` ends
-    /// with it (the instance's failure is logged when the instance ends).
+    /// The body of a reused `instance`'s response, cut short if it has not ended by `deadline`:
+    /// the instance outlives it, and `request` ends with it (the instance's failure is logged
+    /// when the instance ends).
     pub(super) fn reused(
         inner: HyperOutgoingBody,
         request: impl Send + 'static,
         instance: Option<Arc<ServingInstance>>,
+        deadline: std::time::Instant,
     ) -> GuestBody {
         GuestBody {
             inner,
@@ -103,6 +107,7 @@ impl GuestBody {
             },
             _request: Some(Box::new(request)),
             instance,
+            deadline: Some(Box::pin(tokio::time::sleep_until(deadline.into()))),
         }
     }
 }
@@ -147,13 +152,23 @@ impl http_body::Body for GuestBody {
         use std::task::Poll;
         match std::pin::Pin::new(&mut self.inner).poll_frame(cx) {
             Poll::Ready(None) => {}
+            Poll::Pending => {
+                let Some(deadline) = self.deadline.as_mut() else {
+                    return Poll::Pending;
+                };
+                return deadline.as_mut().poll(cx).map(|()| {
+                    Some(Err(wasmtime_wasi_http::Error::InternalError(Some(
+                        "the reused instance had not ended the body by the deadline".to_string(),
+                    ))))
+                });
+            }
             other => return other,
         }
         let Some(task) = self.task.as_mut() else {
             let cut = self
                 .instance
                 .as_ref()
-                .is_some_and(|instance| instance.failed.load(Ordering::SeqCst));
+                .is_some_and(|instance| instance.failure().is_some());
             return Poll::Ready(cut.then(|| {
                 Err(wasmtime_wasi_http::Error::InternalError(Some(
                     "the reused instance failed while streaming the body".to_string(),

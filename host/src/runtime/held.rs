@@ -16,8 +16,10 @@ use std::sync::Arc;
 use http::{HeaderMap, HeaderName, HeaderValue};
 use wasmtime::component::ResourceTable;
 use wasmtime_wasi_http::p2::bindings::http::types::Method;
-use wasmtime_wasi_http::p2::body::HostOutgoingBody;
-use wasmtime_wasi_http::p2::types::{HostOutgoingRequest, HostOutgoingResponse};
+use wasmtime_wasi_http::p2::body::{HostIncomingBody, HostOutgoingBody};
+use wasmtime_wasi_http::p2::types::{
+    HostIncomingRequest, HostOutgoingRequest, HostOutgoingResponse,
+};
 use wasmtime_wasi_http::{FieldMap, p3};
 
 use crate::runtime::pool::MemoryBudget;
@@ -165,8 +167,15 @@ fn weight(object: &(dyn Any + Send), fields_bytes: usize) -> usize {
     } else if let Some(response) = object.downcast_ref::<HostOutgoingResponse>() {
         map_weight(&response.headers, fields_bytes)
             + body_weight(response.body.is_some(), fields_bytes)
-    } else if object.type_id() == TypeId::of::<HostOutgoingBody>() {
+    } else if object.type_id() == TypeId::of::<HostOutgoingBody>()
+        || object.type_id() == TypeId::of::<HostIncomingBody>()
+    {
         BODY_BUFFER_BYTES
+    } else if object.type_id() == TypeId::of::<HostIncomingRequest>() {
+        // A client's request, which a reused instance may keep: its headers (their map's shape
+        // private to wasmtime-wasi-http; the edge's head bound keeps its slots within as much
+        // again), and its body's chunk in flight.
+        2 * fields_bytes + BODY_BUFFER_BYTES
     } else if let Some(request) = object.downcast_ref::<p3::Request>() {
         // A WASIp3 message holds its headers and strings itself, and its body's chunk in flight.
         let strings = request.method.as_str().len()

@@ -36,11 +36,12 @@ use crate::observability::request_span::RequestSpan;
 use crate::observability::routes::RouteTemplates;
 use crate::runtime::capacity::{GuestCapacity, GuestLimits, InstanceReuse};
 use crate::runtime::guest_body::GuestBody;
+use crate::runtime::held::TooMuchHeld;
 use crate::runtime::pool::BUDGET_SPENT;
 use crate::runtime::slots::InstancePermit;
 use crate::runtime::store::{
-    Outbound, RequestContext, RequestParts, RequestSlot, RequestState, Served, ServingInstance,
-    new_reused_store,
+    InstanceFailure, Outbound, RequestContext, RequestParts, RequestSlot, RequestState, Served,
+    ServingInstance, new_reused_store,
 };
 use crate::user_store::UserStore;
 
@@ -110,21 +111,30 @@ impl ReusedInstances {
             record,
             slot: Arc::new(RequestSlot::new(parts)),
         };
+        // The body ends by the deadline a fresh instance's would (`runtime::guest`).
+        let body_deadline = Instant::now() + self.limits.request_timeout + Duration::from_secs(1);
         // The instance's own expiry ends a request at its deadline; this is the backstop.
         let backstop = self.limits.request_timeout * 2 + Duration::from_secs(1);
         let answer =
             tokio::time::timeout(backstop, handler.handle(Arc::clone(&ending.slot), request))
                 .await
                 .map_err(|_| RequestError::Timeout)?;
+        let served = ending.slot.served();
         match answer {
             Ok(response) => {
-                let instance = ending
-                    .slot
-                    .served()
-                    .map(|served| Arc::clone(&served.instance));
-                Ok(response.map(|body| GuestBody::reused(body, ending, instance)))
+                let instance = served.map(|served| Arc::clone(&served.instance));
+                Ok(response.map(|body| GuestBody::reused(body, ending, instance, body_deadline)))
             }
-            Err(error) => Err(failure(error, ending.slot.served())),
+            Err(error) => {
+                // The request's task vanished with its instance, whose error reaches the
+                // worker, not here: wait a moment for the instance to say why.
+                if let Some(served) = served
+                    && (error.is::<TrapOrPanicError>() || is_unanswered(&error))
+                {
+                    served.instance.ending(Duration::from_millis(100)).await;
+                }
+                Err(failure(error, served))
+            }
         }
     }
 }
@@ -176,22 +186,40 @@ fn failure(error: wasmtime::Error, served: Option<&Served>) -> RequestError {
     if let Some(code) = error.downcast_ref::<p2::bindings::http::types::ErrorCode>() {
         return RequestError::ErrorCode(bounded_debug(code, MAX_ERROR_CODE_TEXT));
     }
+    let instance_failure = served.and_then(|served| served.instance.failure());
+    if instance_failure.is_none() && is_unanswered(&error) {
+        return RequestError::NoResponse;
+    }
+    let by_budget = instance_failure.is_some_and(|failed| failed.by_budget);
+    let error = match instance_failure {
+        Some(failed) => error.context(format!(
+            "the reused instance serving it failed: {}",
+            failed.cause
+        )),
+        None => error,
+    };
     // A refusal the instance met while the request was inside it.
     let refused = |now: fn(&ServingInstance) -> bool, before: fn(&Served) -> bool| {
         served.is_some_and(|served| now(&served.instance) && !before(served))
     };
-    if refused(
-        |i| i.record.cost.was_over_budget(),
-        |s| s.over_budget_before,
-    ) {
+    if by_budget
+        || refused(
+            |i| i.record.cost.was_over_budget(),
+            |s| s.over_budget_before,
+        )
+    {
         RequestError::OverBudget(error)
     } else if refused(|i| i.record.cost.was_over_limit(), |s| s.over_limit_before) {
         RequestError::OverLimit(error)
-    } else if error.is::<TrapOrPanicError>() {
-        RequestError::Trapped(error.context("the reused instance serving it failed"))
     } else {
         RequestError::Trapped(error)
     }
+}
+
+/// Whether `error` is wasmtime-wasi-http's word for a WASIp2 handler that ended without
+/// setting its response, which it also says when the instance failed meanwhile.
+fn is_unanswered(error: &wasmtime::Error) -> bool {
+    one_line(&**error).contains("response-outparam::set")
 }
 
 /// What ends with a reused instance's request (its body gone, or its failure answered): its
@@ -328,10 +356,15 @@ impl WorkerState for Worker {
     }
 
     fn drop(&self, store: Store<RequestState>, result: wasmtime::Result<()>) {
-        if result.is_err() {
-            // Before the store goes: the bodies its drop ends were cut short.
-            self.instance.failed.store(true, Ordering::SeqCst);
-        }
+        // Before the store goes: the bodies its drop ends were cut short.
+        self.instance.end(result.as_ref().err().map(|error| {
+            InstanceFailure {
+                cause: one_line(&**error),
+                by_budget: error
+                    .downcast_ref::<TooMuchHeld>()
+                    .is_some_and(TooMuchHeld::by_budget),
+            }
+        }));
         drop(store);
         if let Err(error) = result {
             tracing::warn!(error = one_line(&*error), "a reused guest instance ended");

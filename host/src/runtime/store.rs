@@ -331,9 +331,48 @@ pub struct ServingInstance {
     pub record: Arc<RequestRecord>,
     /// Set when the instance outlived a deadline and was stopped.
     pub expired: AtomicBool,
-    /// Set when the instance ended in failure (a trap, a deadline), before its store goes: a
-    /// body whose stream ends then was cut short, not finished.
-    pub failed: AtomicBool,
+    /// Why the instance failed (a trap, a deadline), set before its store goes: a body whose
+    /// stream ends then was cut short, not finished.
+    failure: OnceLock<InstanceFailure>,
+    /// Set once the instance has ended, well or not; `end` wakes those waiting for it.
+    ended: AtomicBool,
+    end: tokio::sync::Notify,
+}
+
+/// Why a reused instance failed.
+pub struct InstanceFailure {
+    /// The error, on one line.
+    pub cause: String,
+    /// Whether the memory budget, not the guest, was short.
+    pub by_budget: bool,
+}
+
+impl ServingInstance {
+    /// Says that the instance has ended, failed as `failure` says, if it did; before its store
+    /// goes.
+    pub fn end(&self, failure: Option<InstanceFailure>) {
+        if let Some(failure) = failure {
+            let _ = self.failure.set(failure);
+        }
+        self.ended.store(true, Ordering::SeqCst);
+        self.end.notify_waiters();
+    }
+
+    /// Why the instance failed, once it has.
+    pub fn failure(&self) -> Option<&InstanceFailure> {
+        self.failure.get()
+    }
+
+    /// Waits, at most `within`, for the instance to end. A request whose task vanished learns
+    /// why that way: the instance's error reaches its worker, not the request.
+    pub async fn ending(&self, within: std::time::Duration) {
+        let notified = self.end.notified();
+        tokio::pin!(notified);
+        notified.as_mut().enable();
+        if !self.ended.load(Ordering::SeqCst) {
+            let _ = tokio::time::timeout(within, notified).await;
+        }
+    }
 }
 
 /// The instance serving a request, and what its flags said when the request came: a refusal
