@@ -82,6 +82,7 @@ contenders = [
     ("wasmtime-serve-p3-fresh", "wasmtime serve + WASIp3 guest, fresh per request (--max-instance-reuse-count 1)"),
     ("host-p3-reuse", "our host + WASIp3 guest, reuse 128 / 16 (--max-instance-reuse-count 128)"),
     ("wasmtime-serve-p3-reuse", "wasmtime serve + WASIp3 guest, its default reuse (128 requests, 16 at once)"),
+    ("host-minimal-reuse", "our host + minimal WASIp2 guest, reuse 128 (one request at a time)"),
 ]
 runs = {name: read(name) for name, _ in contenders}
 throughput = {name: rps(run) for name, run in runs.items()}
@@ -126,6 +127,10 @@ rows = [
      paired("host-minimal", "wasmtime-serve-p3-reuse"), "", None, "{:.2f}"),
     ("reference: host + WASIp3 guest, fresh per request / wasmtime serve + WASIp3 guest, its default reuse",
      paired("host-p3", "wasmtime-serve-p3-reuse"), "", None, "{:.2f}"),
+    ("reference: host + minimal WASIp2 guest, reuse 128 one at a time / wasmtime serve + WASIp3 guest, its default reuse",
+     paired("host-minimal-reuse", "wasmtime-serve-p3-reuse"), "", None, "{:.2f}"),
+    ("reference: host + minimal WASIp2 guest, reuse 128 one at a time / the same, fresh per request",
+     paired("host-minimal-reuse", "host-minimal"), "", None, "{:.2f}"),
     ("throughput, host + real guest (full telemetry) / wasmtime serve + minimal guest",
      paired("host-real", "wasmtime-serve-minimal"), ">= 2.0", lambda v: v >= 2.0, "{:.2f}"),
     ("throughput, host + real guest (full telemetry) / host + minimal guest",

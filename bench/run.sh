@@ -75,7 +75,7 @@ require_free() {
     echo "port $1 is in use: stop what listens there and run again" >&2; exit 1
   fi
 }
-for port in 18081 18082 18083 18084 18085 18086 18087 18088 18089 18091 18092 18093 18094 18095 18096 18097 18098 18099 18100 ${BENCH_BEFORE:+18101} 18102 18103 18104 $PG_PORT; do require_free "$port"; done
+for port in 18081 18082 18083 18084 18085 18086 18087 18088 18089 18091 18092 18093 18094 18095 18096 18097 18098 18099 18100 ${BENCH_BEFORE:+18101} 18102 18103 18104 18105 18106 $PG_PORT; do require_free "$port"; done
 
 # Waits until $1 answers $2 (default /api/health); a 20 MB component compiles for seconds.
 wait_ready() {
@@ -204,6 +204,11 @@ measure() {
       start_host 18105 "$WASM/p3_guest.wasm" --max-instance-reuse-count 128 \
         --max-instance-concurrent-reuse-count 16 --idle-instance-timeout-ms 1000
       load "$1" http://127.0.0.1:18105/api/health ;;
+    host-minimal-reuse)
+      # The WASIp2 minimal guest with the same flags: its instances reused one request at a time.
+      start_host 18106 "$WASM/minimal_guest.wasm" --max-instance-reuse-count 128 \
+        --max-instance-concurrent-reuse-count 16 --idle-instance-timeout-ms 1000
+      load "$1" http://127.0.0.1:18106/api/health ;;
     wasmtime-serve-p3-fresh|wasmtime-serve-p3-reuse)
       # The same component under `wasmtime serve`: fresh per request, or reusing each instance
       # as it does by default for WASIp3 (128 requests, 16 at once).
@@ -252,7 +257,7 @@ CONTENDERS=(native-hyper host-minimal host-nostd host-real host-real-otlp
   ${BENCH_BEFORE:+host-before} host-real-otlp-traces host-real-otlp-metrics host-real-otlp-logs
   host-real-otlp-silent host-real-no-export wasmtime-serve-minimal wasmtime-serve-nostd host-python
   wasmtime-serve-python host-js wasmtime-serve-js host-p3 wasmtime-serve-p3-fresh
-  host-p3-reuse wasmtime-serve-p3-reuse)
+  host-p3-reuse wasmtime-serve-p3-reuse host-minimal-reuse)
 echo "== throughput (wrk -t2 -c$CONNECTIONS, ${SECONDS_PER_RUN}s each, GET /api/health, /hello for the Python and JavaScript guests, $ROUNDS rounds)"
 command -v wasmtime >/dev/null ||
   echo "  wasmtime serve: skipped, no wasmtime CLI (cargo install wasmtime-cli --version 48.0.8 --locked)"
