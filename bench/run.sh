@@ -154,7 +154,7 @@ start_host() { # port guest [host flags...]
     OTEL_EXPORTER_JAEGER_AGENT_HOST=127.0.0.1 OTEL_EXPORTER_JAEGER_AGENT_PORT="$AGENT_PORT" \
     "$HOST" --bind 127.0.0.1 --port "$1" --guest "$2" "${@:3}" >/dev/null 2>&1 &
   PIDS+=($!)
-  wait_ready "http://127.0.0.1:$1" "${READY_PATH:-/api/health}"
+  wait_ready "http://127.0.0.1:$1" "${BENCH_WAIT_PATH:-/api/health}"
 }
 
 # Starts one contender, loads it, stops it.
@@ -227,7 +227,8 @@ measure() {
       # Its defaults (spans exported, INFO logs); probed on the fixtures' own path.
       local port=18097 guest=python-guest
       [ "$1" = host-js ] && port=18098 guest=js-guest
-      READY_PATH=/hello start_host "$port" "$TOOLCHAIN_GUESTS/$guest.wasm" --probe-path /hello
+      # BENCH_WAIT_PATH, not a name the host reads: READY_PATH would move its readiness page.
+      BENCH_WAIT_PATH=/hello start_host "$port" "$TOOLCHAIN_GUESTS/$guest.wasm" --probe-path /hello
       load "$1" "http://127.0.0.1:$port/hello" ;;
     wasmtime-serve-python|wasmtime-serve-js)
       command -v wasmtime >/dev/null || return 0

@@ -32,16 +32,9 @@ use crate::runtime::reuse::ReusedInstances;
 use crate::runtime::store::{Outbound, RequestContext, RequestState, new_store};
 
 /// The trap raised when a request outlives its deadline.
-#[derive(Debug)]
+#[derive(Debug, thiserror::Error)]
+#[error("the request's deadline passed")]
 struct DeadlineExceeded;
-
-impl std::fmt::Display for DeadlineExceeded {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("the request's deadline passed")
-    }
-}
-
-impl std::error::Error for DeadlineExceeded {}
 
 /// A guest's export that answers requests, linked and ready to be instantiated.
 #[derive(Clone)]

@@ -305,16 +305,9 @@ impl Mappings {
 
 /// What a memory's growth or creation fails with when the budget, not the instance's own
 /// limit, refused it.
-#[derive(Debug)]
+#[derive(Debug, thiserror::Error)]
+#[error("{}", BUDGET_SPENT)]
 pub struct BudgetSpent;
-
-impl std::fmt::Display for BudgetSpent {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(BUDGET_SPENT)
-    }
-}
-
-impl std::error::Error for BudgetSpent {}
 
 /// The words of a [`BudgetSpent`], also in the refusal of a new memory, which wasmtime passes
 /// on as text.

@@ -140,27 +140,18 @@ impl ReusedInstances {
 }
 
 /// Why no instance could be made for a request.
-#[derive(Debug)]
+#[derive(Debug, thiserror::Error)]
 enum InstanceRefused {
     /// Every instance slot stayed taken.
+    #[error("every instance slot stayed taken")]
     Busy,
     /// The memory budget refused the new instance its memory.
+    #[error("{}", BUDGET_SPENT)]
     OverBudget,
     /// Instantiating took longer than a request may.
+    #[error("instantiating the guest outlived the deadline")]
     Timeout,
 }
-
-impl std::fmt::Display for InstanceRefused {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            InstanceRefused::Busy => "every instance slot stayed taken",
-            InstanceRefused::OverBudget => BUDGET_SPENT,
-            InstanceRefused::Timeout => "instantiating the guest outlived the deadline",
-        })
-    }
-}
-
-impl std::error::Error for InstanceRefused {}
 
 /// The request error `error` from wasmtime-wasi-http's handler means, `served` saying which
 /// instance served the request, if one did.

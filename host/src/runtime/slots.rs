@@ -74,13 +74,8 @@ enum Slot {
 
 /// The slot one instance holds: first a running one, then, once its head is out, a streaming
 /// one if one is left to it (else the running one until it ends or a request takes it back).
+#[derive(Clone)]
 pub(super) struct InstancePermit(Arc<Mutex<Slot>>);
-
-impl Clone for InstancePermit {
-    fn clone(&self) -> Self {
-        InstancePermit(Arc::clone(&self.0))
-    }
-}
 
 impl InstanceSlots {
     /// `running` slots for instances before their head, `streaming` for those after it.

@@ -232,7 +232,7 @@ impl PostgresStore {
             if refused {
                 return Err(Error::StoreRefused {
                     target: store.connections.target.to_string(),
-                    reason: error.one_line(),
+                    reason: one_line(&error),
                 });
             }
             let hopeless = matches!(error, StartUpError::NewerSchema(_));
@@ -241,7 +241,7 @@ impl PostgresStore {
                 return Err(Error::StoreUnreachable {
                     target: store.connections.target.to_string(),
                     waited: started.elapsed(),
-                    reason: error.one_line(),
+                    reason: one_line(&error),
                 });
             }
             tokio::time::sleep(RETRY_PAUSE.min(remaining)).await;
@@ -590,10 +590,18 @@ impl From<deadpool_postgres::PoolError> for CallError {
 
 /// A failed start-up: a database error, no connection, no answer, or a schema this host is too
 /// old for.
+#[derive(Debug, thiserror::Error)]
 enum StartUpError {
-    Database(tokio_postgres::Error),
-    Pool(deadpool_postgres::PoolError),
+    #[error(transparent)]
+    Database(#[from] tokio_postgres::Error),
+    #[error(transparent)]
+    Pool(#[from] deadpool_postgres::PoolError),
+    #[error("no answer within {} ms", .0.as_millis())]
     TimedOut(Duration),
+    #[error(
+        "the database's schema is at version {0}, newer than this host knows: run a host at \
+         least as new as the one that migrated it"
+    )]
     NewerSchema(i32),
 }
 
@@ -605,34 +613,6 @@ impl StartUpError {
             StartUpError::Pool(_) | StartUpError::TimedOut(_) | StartUpError::NewerSchema(_) => {
                 None
             }
-        }
-    }
-}
-
-impl From<tokio_postgres::Error> for StartUpError {
-    fn from(error: tokio_postgres::Error) -> StartUpError {
-        StartUpError::Database(error)
-    }
-}
-
-impl From<deadpool_postgres::PoolError> for StartUpError {
-    fn from(error: deadpool_postgres::PoolError) -> StartUpError {
-        StartUpError::Pool(error)
-    }
-}
-
-impl StartUpError {
-    fn one_line(&self) -> String {
-        match self {
-            StartUpError::Database(error) => one_line(error),
-            StartUpError::Pool(error) => one_line(error),
-            StartUpError::TimedOut(waited) => {
-                format!("no answer within {} ms", waited.as_millis())
-            }
-            StartUpError::NewerSchema(version) => format!(
-                "the database's schema is at version {version}, newer than this host knows: \
-                 run a host at least as new as the one that migrated it"
-            ),
         }
     }
 }
