@@ -150,17 +150,18 @@ impl http_body::Body for GuestBody {
         cx: &mut std::task::Context<'_>,
     ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, Self::Error>>> {
         use std::task::Poll;
+        // Polled first, whether or not the body has a frame ready: a guest that writes as fast
+        // as the client reads would otherwise never let it fire.
+        let past_deadline = self
+            .deadline
+            .as_mut()
+            .is_some_and(|deadline| deadline.as_mut().poll(cx).is_ready());
         match std::pin::Pin::new(&mut self.inner).poll_frame(cx) {
             Poll::Ready(None) => {}
-            Poll::Pending => {
-                let Some(deadline) = self.deadline.as_mut() else {
-                    return Poll::Pending;
-                };
-                return deadline.as_mut().poll(cx).map(|()| {
-                    Some(Err(wasmtime_wasi_http::Error::InternalError(Some(
-                        "the reused instance had not ended the body by the deadline".to_string(),
-                    ))))
-                });
+            _ if past_deadline => {
+                return Poll::Ready(Some(Err(wasmtime_wasi_http::Error::InternalError(Some(
+                    "the reused instance had not ended the body by the deadline".to_string(),
+                )))));
             }
             other => return other,
         }

@@ -111,8 +111,6 @@ impl ReusedInstances {
             record,
             slot: Arc::new(RequestSlot::new(parts)),
         };
-        // The body ends by the deadline a fresh instance's would (`runtime::guest`).
-        let body_deadline = Instant::now() + self.limits.request_timeout + Duration::from_secs(1);
         // The instance's own expiry ends a request at its deadline; this is the backstop.
         let backstop = self.limits.request_timeout * 2 + Duration::from_secs(1);
         let answer =
@@ -122,8 +120,11 @@ impl ReusedInstances {
         let served = ending.slot.served();
         match answer {
             Ok(response) => {
+                // The body ends by the deadline a fresh instance's would (`runtime::guest`).
+                let allowed = self.limits.request_timeout + Duration::from_secs(1);
+                let deadline = served.map_or_else(Instant::now, |served| served.accepted) + allowed;
                 let instance = served.map(|served| Arc::clone(&served.instance));
-                Ok(response.map(|body| GuestBody::reused(body, ending, instance, body_deadline)))
+                Ok(response.map(|body| GuestBody::reused(body, ending, instance, deadline)))
             }
             Err(error) => {
                 // The request's task vanished with its instance, whose error reaches the
@@ -181,12 +182,18 @@ fn failure(error: wasmtime::Error, served: Option<&Served>) -> RequestError {
     if instance_failure.is_none() && is_unanswered(&error) {
         return RequestError::NoResponse;
     }
-    let by_budget = instance_failure.is_some_and(|failed| failed.by_budget);
+    let by_budget = instance_failure.is_some_and(|failed| failed.by_budget)
+        || error
+            .downcast_ref::<TooMuchHeld>()
+            .is_some_and(TooMuchHeld::by_budget);
     let error = match instance_failure {
         Some(failed) => error.context(format!(
             "the reused instance serving it failed: {}",
             failed.cause
         )),
+        None if error.is::<TrapOrPanicError>() => {
+            error.context("the reused instance serving it failed")
+        }
         None => error,
     };
     // A refusal the instance met while the request was inside it.
@@ -207,10 +214,10 @@ fn failure(error: wasmtime::Error, served: Option<&Served>) -> RequestError {
     }
 }
 
-/// Whether `error` is wasmtime-wasi-http's word for a WASIp2 handler that ended without
-/// setting its response, which it also says when the instance failed meanwhile.
+/// Whether `error` is wasmtime-wasi-http's word, alone, for a WASIp2 handler that ended
+/// without setting its response, which it also says when the instance failed meanwhile.
 fn is_unanswered(error: &wasmtime::Error) -> bool {
-    one_line(&**error).contains("response-outparam::set")
+    error.root_cause().to_string() == "guest never invoked `response-outparam::set` method"
 }
 
 /// What ends with a reused instance's request (its body gone, or its failure answered): its

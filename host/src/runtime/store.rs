@@ -384,6 +384,9 @@ pub struct Served {
     pub over_budget_before: bool,
     /// Whether its own limit had refused it memory before.
     pub over_limit_before: bool,
+    /// When the instance took the request: its deadline counts from here, as a fresh
+    /// instance's counts from its slot.
+    pub accepted: Instant,
 }
 
 impl RequestSlot {
@@ -402,6 +405,7 @@ impl RequestSlot {
             over_budget_before: instance.record.cost.was_over_budget(),
             over_limit_before: instance.record.cost.was_over_limit(),
             instance,
+            accepted: Instant::now(),
         });
     }
 
