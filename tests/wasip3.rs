@@ -470,3 +470,26 @@ async fn a_body_a_reused_instance_keeps_open_is_cut_short_at_the_deadline() {
         "a cut-short body must not look complete"
     );
 }
+
+#[tokio::test]
+async fn a_body_a_reused_instance_writes_as_fast_as_a_slow_client_reads_is_cut_at_the_deadline() {
+    let host = reusing_host("1000000", "16", &[("REQUEST_TIMEOUT_MS", "300")]);
+    let started = Instant::now();
+    let mut response = client().get(host.url("/flood")).send().await.unwrap();
+    assert_eq!(response.status(), 200);
+    // A slow reader: a frame is always ready when it asks, so the body never waits on the guest.
+    let ended = loop {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        match response.chunk().await {
+            Ok(Some(_)) => {}
+            ended => break ended,
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "the body is still open"
+        );
+    };
+    assert!(ended.is_err(), "a cut-short body must not look complete");
+    // At the deadline and its second of grace, not at the first read.
+    assert!(started.elapsed() >= Duration::from_millis(300));
+}
