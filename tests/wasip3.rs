@@ -563,9 +563,6 @@ fn reuse_whose_requests_in_hand_outweigh_an_instance_is_refused_at_start_naming_
     for (guest, concurrent) in [("p3-guest", "4"), ("minimal-guest", "16")] {
         let started = start(guest, concurrent);
         let stdout = String::from_utf8_lossy(&started.stdout);
-        assert!(
-            stdout.contains("reused: up to 2 requests each"),
-            "{guest}: {started:?}"
-        );
+        assert!(stdout.contains("reused: up to 2 requests each"), "{guest}: {started:?}");
     }
 }
