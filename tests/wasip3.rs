@@ -530,39 +530,3 @@ async fn a_body_a_reused_instance_writes_as_fast_as_a_slow_client_reads_is_cut_a
     // At the deadline and its second of grace, not at the first read.
     assert!(started.elapsed() >= Duration::from_millis(300));
 }
-
-#[test]
-fn reuse_whose_requests_in_hand_outweigh_an_instance_is_refused_at_start_naming_what_to_change() {
-    // 16 requests at once, each weighed with a body of 2 x 8 MiB: 256 MiB, past 128 MiB.
-    let start = |guest: &str, concurrent: &str| {
-        let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_host"));
-        command
-            .args(["--port", "0", "--bind", "127.0.0.1", "--guest"])
-            .arg(guest_path(guest))
-            .envs([
-                ("MAX_INSTANCE_REUSE_COUNT", "2"),
-                ("MAX_INSTANCE_CONCURRENT_REUSE_COUNT", concurrent),
-                ("MAX_BODY_BYTES", "8388608"),
-                ("GUEST_MEMORY_MB", "128"),
-            ]);
-        // A host that starts keeps running: killed at the limit.
-        support::run_to_exit(command, Duration::from_secs(10))
-    };
-    let refused = start("p3-guest", "16");
-    assert_eq!(refused.status.code(), Some(1), "{refused:?}");
-    let stderr = String::from_utf8_lossy(&refused.stderr);
-    for named in [
-        "--max-instance-concurrent-reuse-count",
-        "--max-body-bytes",
-        "--guest-memory-mb",
-        "256 MiB",
-    ] {
-        assert!(stderr.contains(named), "{stderr}");
-    }
-    // What fits starts (and runs until killed): 4 at once, or a WASIp2 guest, one at a time.
-    for (guest, concurrent) in [("p3-guest", "4"), ("minimal-guest", "16")] {
-        let started = start(guest, concurrent);
-        let stdout = String::from_utf8_lossy(&started.stdout);
-        assert!(stdout.contains("reused: up to 2 requests each"), "{guest}: {started:?}");
-    }
-}

@@ -59,21 +59,6 @@ pub struct GuestLimits {
     pub max_body_bytes: usize,
 }
 
-impl GuestLimits {
-    /// The most one instance's host objects may hold: its memory limit, and at most the budget
-    /// over [`HELD_SHARE_OF_BUDGET`].
-    pub fn held_limit(&self) -> usize {
-        self.memory_bytes
-            .min(self.memory_budget_bytes / HELD_SHARE_OF_BUDGET)
-    }
-
-    /// What a client's request body weighs in a reused instance's account: read whole, in a
-    /// buffer that may grow to twice `--max-body-bytes`.
-    pub fn reused_body_bytes(&self) -> usize {
-        self.max_body_bytes.saturating_mul(2)
-    }
-}
-
 /// `--max-instance-reuse-count` and its two companions.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct InstanceReuse {
@@ -164,17 +149,16 @@ impl GuestCapacity {
     /// (in a buffer up to twice `--max-body-bytes`) and that body's share of the host's body
     /// budget, so each client request it holds is weighed with such a body.
     pub fn held_objects(&self, headers: &http::HeaderMap, reused: bool) -> HeldObjects {
+        let limit = self
+            .limits
+            .memory_bytes
+            .min(self.limits.memory_budget_bytes / HELD_SHARE_OF_BUDGET);
         let body_bytes = if reused {
-            self.limits.reused_body_bytes()
+            self.limits.max_body_bytes.saturating_mul(2)
         } else {
             0
         };
-        HeldObjects::new(
-            Arc::clone(&self.budget),
-            self.limits.held_limit(),
-            headers,
-            body_bytes,
-        )
+        HeldObjects::new(Arc::clone(&self.budget), limit, headers, body_bytes)
     }
 
     /// Gives back the regions and stacks no instance needed since the last trim.

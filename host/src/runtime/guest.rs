@@ -110,23 +110,6 @@ impl Guest {
                 ),
                 HandlerPre::P3(pre) => (ProxyPre::P3(pre.clone()), limits.reuse),
             };
-            // Each request in hand is weighed with a body of the size limit (held.rs): the
-            // most an instance holds at once must fit, or every busy instance would trap.
-            let in_hand = limits
-                .reused_body_bytes()
-                .saturating_mul(reuse.concurrent as usize);
-            if in_hand > limits.held_limit() {
-                wasmtime::bail!(
-                    "a reused instance of this guest may hold {} requests at once \
-                     (--max-instance-concurrent-reuse-count), each weighed with a body of twice \
-                     --max-body-bytes: {} MiB, more than one instance may hold ({} MiB: \
-                     --guest-memory-mb, at most an eighth of --guest-memory-budget-mb); lower one \
-                     of the first two or raise the memory",
-                    reuse.concurrent,
-                    in_hand >> 20,
-                    limits.held_limit() >> 20
-                );
-            }
             let engine = pre.engine().clone();
             Some(Arc::new(ReusedInstances::new(
                 proxy,
