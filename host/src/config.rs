@@ -359,19 +359,12 @@ mod tests {
 
     #[test]
     fn the_default_guest_limits_are_those_of_a_host_started_without_flags() {
-        let (read, default) = {
-            let config = flags(&[]);
-            (
-                config.runtime.limits(config.edge.max_body_bytes),
-                GuestLimits::default(),
-            )
-        };
+        let (read, default) = (flags(&[]).runtime.limits(), GuestLimits::default());
         assert_eq!(read.request_timeout, default.request_timeout);
         assert_eq!(read.memory_bytes, default.memory_bytes);
         assert_eq!(read.memory_budget_bytes, default.memory_budget_bytes);
         assert_eq!(read.max_instances, default.max_instances);
         assert_eq!(read.max_streaming, default.max_streaming);
-        assert_eq!(read.max_body_bytes, default.max_body_bytes);
     }
 
     #[test]

@@ -77,7 +77,7 @@ fn main() -> ExitCode {
 async fn run(config: Config, telemetry: &Telemetry) -> anyhow::Result<()> {
     let cache = ComponentCache::new(&config.runtime.cache_dir);
     let runtime = Arc::new(
-        Runtime::new(cache, config.runtime.limits(config.edge.max_body_bytes))?
+        Runtime::new(cache, config.runtime.limits())?
             .allowing_outbound(config.runtime.allow_outbound.clone()),
     );
     let loading = Instant::now();

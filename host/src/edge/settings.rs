@@ -9,12 +9,13 @@ use crate::edge::connections::default_cap;
 use crate::edge::server::ClientLimits;
 use crate::machine::machine_memory;
 use crate::observability::routes::{HostPages, HostPath, LIVE_PATH, METRICS_PATH, READY_PATH};
-use crate::runtime::settings::DEFAULT_MAX_BODY_BYTES;
 
 /// The port the API listens on unless told otherwise.
 pub const DEFAULT_PORT: u16 = 8080;
 /// The address the API binds unless told otherwise: every interface.
 pub const DEFAULT_BIND: IpAddr = IpAddr::V4(Ipv4Addr::UNSPECIFIED);
+/// The largest request body the host passes to the guest; larger ones get 413.
+pub const DEFAULT_MAX_BODY_BYTES: usize = 1024 * 1024;
 /// How long a request's body may take to arrive, in milliseconds.
 pub const DEFAULT_BODY_TIMEOUT_MS: u64 = 10_000;
 /// The least memory request bodies may hold host-wide, however small the machine.

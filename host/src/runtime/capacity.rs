@@ -55,8 +55,6 @@ pub struct GuestLimits {
     pub max_streaming: u32,
     /// How a WASIp3 guest's instances are reused; by default not at all.
     pub reuse: InstanceReuse,
-    /// The largest request body the edge passes to a guest (`--max-body-bytes`).
-    pub max_body_bytes: usize,
 }
 
 /// `--max-instance-reuse-count` and its two companions.
@@ -144,21 +142,13 @@ impl GuestCapacity {
     /// request whose client sent `headers`, charged to the same budget as linear memory: at
     /// most the instance's own memory limit, and at most the budget over
     /// [`HELD_SHARE_OF_BUDGET`], so that a few hoarding instances never spend what every other
-    /// request needs. A fresh instance ends with its request, whose body holds a chunk in
-    /// flight there; a `reused` one may keep each request it is given, with its body read whole
-    /// (in a buffer up to twice `--max-body-bytes`) and that body's share of the host's body
-    /// budget, so each client request it holds is weighed with such a body.
-    pub fn held_objects(&self, headers: &http::HeaderMap, reused: bool) -> HeldObjects {
+    /// request needs.
+    pub fn held_objects(&self, headers: &http::HeaderMap) -> HeldObjects {
         let limit = self
             .limits
             .memory_bytes
             .min(self.limits.memory_budget_bytes / HELD_SHARE_OF_BUDGET);
-        let body_bytes = if reused {
-            self.limits.max_body_bytes.saturating_mul(2)
-        } else {
-            0
-        };
-        HeldObjects::new(Arc::clone(&self.budget), limit, headers, body_bytes)
+        HeldObjects::new(Arc::clone(&self.budget), limit, headers)
     }
 
     /// Gives back the regions and stacks no instance needed since the last trim.

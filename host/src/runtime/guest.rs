@@ -184,7 +184,7 @@ impl Guest {
                 .await;
         }
         let permit = self.capacity.slots.acquire_running(context.peer()).await?;
-        let held = self.capacity.held_objects(request.headers(), false);
+        let held = self.capacity.held_objects(request.headers());
         let metrics = context.metrics();
         let body_metrics = metrics.clone();
         let record = Arc::clone(context.record());

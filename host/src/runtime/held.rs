@@ -90,27 +90,18 @@ pub struct HeldObjects {
     /// What one header map may hold in this request: the larger of [`FIELDS_LIMIT_BYTES`] and
     /// the client's own headers, which a guest may copy into a map of its own.
     fields_bytes: usize,
-    /// What a client's request body, and a message the guest made, may hold in this instance.
-    body_bytes: usize,
     /// Bytes taken from the budget now.
     charged: usize,
 }
 
 impl HeldObjects {
     /// An empty account on `budget`, at most `limit` bytes, for a request whose client sent
-    /// `headers`, where a message's body holds at most `body_bytes` (at least a chunk in
-    /// flight, [`BODY_BUFFER_BYTES`]).
-    pub fn new(
-        budget: Arc<MemoryBudget>,
-        limit: usize,
-        headers: &HeaderMap,
-        body_bytes: usize,
-    ) -> HeldObjects {
+    /// `headers`.
+    pub fn new(budget: Arc<MemoryBudget>, limit: usize, headers: &HeaderMap) -> HeldObjects {
         HeldObjects {
             budget,
             limit,
             fields_bytes: FIELDS_LIMIT_BYTES.max(fields_bytes(headers)),
-            body_bytes: BODY_BUFFER_BYTES.max(body_bytes),
             charged: 0,
         }
     }
@@ -120,7 +111,7 @@ impl HeldObjects {
     pub fn settle(&mut self, table: &mut ResourceTable) -> Result<(), TooMuchHeld> {
         let (mut held, mut objects) = (0, 0);
         for object in table.iter_mut() {
-            held += weight(&*object, self.fields_bytes, self.body_bytes);
+            held += weight(&*object, self.fields_bytes);
             objects += 1;
         }
         let too_much = |over_limit| TooMuchHeld {
@@ -158,8 +149,8 @@ impl Drop for HeldObjects {
 /// count at most `fields_bytes`: a header map those bytes and its slots; an outgoing request or
 /// response its headers, its body's buffered chunks, the trailers its finished body may hold
 /// and its own strings; an outgoing body those chunks again (its stream may outlive the message
-/// that reads them); a client's request its headers and `body_bytes`.
-fn weight(object: &(dyn Any + Send), fields_bytes: usize, body_bytes: usize) -> usize {
+/// that reads them).
+fn weight(object: &(dyn Any + Send), fields_bytes: usize) -> usize {
     if let Some(map) = object.downcast_ref::<FieldMap>() {
         map_weight(map, fields_bytes)
     } else if let Some(request) = object.downcast_ref::<HostOutgoingRequest>() {
@@ -176,18 +167,17 @@ fn weight(object: &(dyn Any + Send), fields_bytes: usize, body_bytes: usize) -> 
     } else if let Some(response) = object.downcast_ref::<HostOutgoingResponse>() {
         map_weight(&response.headers, fields_bytes)
             + body_weight(response.body.is_some(), fields_bytes)
-    } else if object.type_id() == TypeId::of::<HostOutgoingBody>() {
+    } else if object.type_id() == TypeId::of::<HostOutgoingBody>()
+        || object.type_id() == TypeId::of::<HostIncomingBody>()
+    {
         BODY_BUFFER_BYTES
-    } else if object.type_id() == TypeId::of::<HostIncomingBody>() {
-        body_bytes
     } else if object.type_id() == TypeId::of::<HostIncomingRequest>() {
         // A client's request, which a reused instance may keep: its headers (their map's shape
         // private to wasmtime-wasi-http; the edge's head bound keeps its slots within as much
-        // again), and its body.
-        2 * fields_bytes + body_bytes
+        // again), and its body's chunk in flight.
+        2 * fields_bytes + BODY_BUFFER_BYTES
     } else if let Some(request) = object.downcast_ref::<p3::Request>() {
-        // A WASIp3 message holds its headers and strings itself, and its body: a client's read
-        // whole, or a chunk in flight of the guest's own.
+        // A WASIp3 message holds its headers and strings itself, and its body's chunk in flight.
         let strings = request.method.as_str().len()
             + request
                 .authority
@@ -197,7 +187,7 @@ fn weight(object: &(dyn Any + Send), fields_bytes: usize, body_bytes: usize) -> 
                 .path_with_query
                 .as_ref()
                 .map_or(0, |path| path.as_str().len());
-        map_weight(&request.headers, fields_bytes) + body_bytes + strings
+        map_weight(&request.headers, fields_bytes) + BODY_BUFFER_BYTES + strings
     } else if let Some(response) = object.downcast_ref::<p3::Response>() {
         map_weight(&response.headers, fields_bytes) + BODY_BUFFER_BYTES
     } else {
@@ -251,7 +241,7 @@ mod tests {
     #[test]
     fn each_header_map_is_charged_its_limit_and_given_back_when_dropped() {
         let budget = Arc::new(MemoryBudget::new(1 << 30));
-        let mut held = HeldObjects::new(Arc::clone(&budget), usize::MAX, &HeaderMap::new(), 0);
+        let mut held = HeldObjects::new(Arc::clone(&budget), usize::MAX, &HeaderMap::new());
         let mut table = table_with(3);
         held.settle(&mut table).unwrap();
         assert_eq!(budget.committed(), 3 * FIELDS_LIMIT_BYTES);
@@ -265,7 +255,7 @@ mod tests {
     #[test]
     fn objects_past_the_budget_fail_the_call_and_take_nothing_more() {
         let budget = Arc::new(MemoryBudget::new(10 * FIELDS_LIMIT_BYTES));
-        let mut held = HeldObjects::new(Arc::clone(&budget), usize::MAX, &HeaderMap::new(), 0);
+        let mut held = HeldObjects::new(Arc::clone(&budget), usize::MAX, &HeaderMap::new());
         held.settle(&mut table_with(10)).unwrap();
         let refused = held.settle(&mut table_with(11)).unwrap_err();
         assert_eq!(refused.objects, 11);
@@ -279,7 +269,7 @@ mod tests {
     fn objects_past_the_instances_own_limit_fail_the_call_whatever_the_budget() {
         let budget = Arc::new(MemoryBudget::new(1 << 30));
         let limit = 4 * FIELDS_LIMIT_BYTES;
-        let mut held = HeldObjects::new(Arc::clone(&budget), limit, &HeaderMap::new(), 0);
+        let mut held = HeldObjects::new(Arc::clone(&budget), limit, &HeaderMap::new());
         held.settle(&mut table_with(4)).unwrap();
         let refused = held.settle(&mut table_with(5)).unwrap_err();
         assert!(!refused.by_budget());
@@ -298,7 +288,7 @@ mod tests {
             headers.insert(name, HeaderValue::from_str(&"v".repeat(1000)).unwrap());
         }
         let budget = Arc::new(MemoryBudget::new(1 << 30));
-        let mut held = HeldObjects::new(Arc::clone(&budget), usize::MAX, &headers, 0);
+        let mut held = HeldObjects::new(Arc::clone(&budget), usize::MAX, &headers);
         held.settle(&mut table_with(1)).unwrap();
         assert!(held.charged() > 100_000, "{}", held.charged());
         assert_eq!(held.charged(), fields_bytes(&headers));
@@ -314,10 +304,10 @@ mod tests {
             headers: FieldMap::default(),
             body: None,
         };
-        let bare = weight(&request(0), FIELDS_LIMIT_BYTES, BODY_BUFFER_BYTES);
+        let bare = weight(&request(0), FIELDS_LIMIT_BYTES);
         assert_eq!(bare, FIELDS_LIMIT_BYTES);
         assert_eq!(
-            weight(&request(1 << 20), FIELDS_LIMIT_BYTES, BODY_BUFFER_BYTES),
+            weight(&request(1 << 20), FIELDS_LIMIT_BYTES),
             bare + (1 << 20)
         );
         let mut with_body = request(0);
@@ -328,13 +318,10 @@ mod tests {
                 .boxed_unsync()
         });
         assert_eq!(
-            weight(&with_body, FIELDS_LIMIT_BYTES, BODY_BUFFER_BYTES),
+            weight(&with_body, FIELDS_LIMIT_BYTES),
             bare + BODY_BUFFER_BYTES + 4 * FIELDS_LIMIT_BYTES
         );
-        assert_eq!(
-            weight(&7_u32, FIELDS_LIMIT_BYTES, BODY_BUFFER_BYTES),
-            OTHER_OBJECT_BYTES
-        );
+        assert_eq!(weight(&7_u32, FIELDS_LIMIT_BYTES), OTHER_OBJECT_BYTES);
     }
 
     #[test]

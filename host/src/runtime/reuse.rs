@@ -279,7 +279,7 @@ impl HandlerState for Instances {
             idle,
             GuestOutput::new(Some((RequestSpan::none(), Arc::clone(&self.metrics)))),
             self.capacity.limiter(Arc::clone(&instance.record)),
-            self.capacity.held_objects(&http::HeaderMap::new(), true),
+            self.capacity.held_objects(&http::HeaderMap::new()),
         );
         // The guest yields at every tick; the instance's expiry, not the epoch, stops it.
         store.set_epoch_deadline(1);

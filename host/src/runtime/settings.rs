@@ -115,9 +115,8 @@ impl GuestSettings {
         Duration::from_millis(self.request_timeout_ms)
     }
 
-    /// What one guest instance may use, where the edge passes it request bodies of at most
-    /// `max_body_bytes`.
-    pub fn limits(&self, max_body_bytes: usize) -> GuestLimits {
+    /// What one guest instance may use.
+    pub fn limits(&self) -> GuestLimits {
         GuestLimits {
             request_timeout: self.request_timeout(),
             memory_bytes: mebibytes(self.guest_memory_mb),
@@ -131,7 +130,6 @@ impl GuestSettings {
                 concurrent: self.max_instance_concurrent_reuse_count,
                 idle_timeout: Duration::from_millis(self.idle_instance_timeout_ms),
             },
-            max_body_bytes,
         }
     }
 }
@@ -150,14 +148,9 @@ impl Default for GuestLimits {
                 concurrent: DEFAULT_MAX_INSTANCE_CONCURRENT_REUSE_COUNT,
                 idle_timeout: Duration::from_millis(DEFAULT_IDLE_INSTANCE_TIMEOUT_MS),
             },
-            max_body_bytes: DEFAULT_MAX_BODY_BYTES,
         }
     }
 }
-
-/// The largest request body the host passes to the guest unless `--max-body-bytes` says
-/// otherwise; larger ones get 413.
-pub const DEFAULT_MAX_BODY_BYTES: usize = 1024 * 1024;
 
 /// Half the memory this process may use: guests may use much of it, and never all of it.
 fn default_memory_budget() -> usize {
