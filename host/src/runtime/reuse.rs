@@ -15,10 +15,13 @@
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, OnceLock};
-use std::task::{Context, Poll};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError, Weak};
+use std::task::{Context, Poll, ready};
 use std::time::{Duration, Instant};
 
+use bytes::{Buf, Bytes};
+use http_body::{Body, Frame};
+use http_body_util::BodyExt;
 use wasmtime::component::GuestTaskId;
 use wasmtime::{Engine, Store, StoreContextMut, UpdateDeadline};
 use wasmtime_wasi_http::handler::{
@@ -36,7 +39,7 @@ use crate::observability::request_span::RequestSpan;
 use crate::observability::routes::RouteTemplates;
 use crate::runtime::capacity::{GuestCapacity, GuestLimits, InstanceReuse};
 use crate::runtime::guest_body::GuestBody;
-use crate::runtime::held::TooMuchHeld;
+use crate::runtime::held::{BODY_CHUNK_BYTES, TooMuchHeld};
 use crate::runtime::pool::BUDGET_SPENT;
 use crate::runtime::slots::InstancePermit;
 use crate::runtime::store::{
@@ -106,10 +109,14 @@ impl ReusedInstances {
         let record = Arc::clone(context.record());
         let cost = context.cost_report();
         let parts = RequestParts::new(context, route_templates, outbound);
+        let (head, body) = request.into_parts();
+        let (body, lent) = LentBody::lend(body);
+        let request = http::Request::from_parts(head, lent);
         let ending = RequestEnd {
             cost,
             record,
             slot: Arc::new(RequestSlot::new(parts)),
+            _body: body,
         };
         // The instance's own expiry ends a request at its deadline; this is the backstop.
         let backstop = self.limits.request_timeout * 2 + Duration::from_secs(1);
@@ -226,6 +233,8 @@ pub(super) struct RequestEnd {
     cost: Option<CostReport>,
     record: Arc<RequestRecord>,
     slot: Arc<RequestSlot>,
+    /// The client's body, lent to the instance until the request ends.
+    _body: Arc<Mutex<Lent>>,
 }
 
 impl Drop for RequestEnd {
@@ -236,6 +245,67 @@ impl Drop for RequestEnd {
             self.record.cost.memory_grew(peak);
         }
         drop(self.cost.take());
+    }
+}
+
+/// A client's request body as a reused instance reads it: lent for the request's life. The
+/// request owns the body ([`RequestEnd`]), its bytes and their share of the host's body budget;
+/// the instance reads it through a weak reference, in copies of at most [`BODY_CHUNK_BYTES`]
+/// that share nothing with the buffer. So a guest that keeps the request, its body or a stream
+/// of it past the request's end holds neither the bytes nor the budget: a read then fails.
+struct LentBody {
+    lent: Weak<Mutex<Lent>>,
+}
+
+/// What a request lends: its body, and what is left of the frame being copied out.
+pub(super) struct Lent {
+    body: WasiBody,
+    left: Bytes,
+}
+
+impl LentBody {
+    /// `body`, owned by the first half (the request) and lent through the second.
+    fn lend(body: WasiBody) -> (Arc<Mutex<Lent>>, WasiBody) {
+        let owned = Arc::new(Mutex::new(Lent {
+            body,
+            left: Bytes::new(),
+        }));
+        let lent = LentBody {
+            lent: Arc::downgrade(&owned),
+        };
+        (owned, lent.boxed_unsync())
+    }
+}
+
+impl Body for LentBody {
+    type Data = Bytes;
+    type Error = wasmtime_wasi_http::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        let Some(owned) = self.lent.upgrade() else {
+            return Poll::Ready(Some(Err(wasmtime_wasi_http::Error::InternalError(Some(
+                "the request this body was lent by has ended".to_string(),
+            )))));
+        };
+        let mut lent = owned.lock().unwrap_or_else(PoisonError::into_inner);
+        loop {
+            if !lent.left.is_empty() {
+                let length = lent.left.len().min(BODY_CHUNK_BYTES);
+                let chunk = Bytes::copy_from_slice(&lent.left[..length]);
+                lent.left.advance(length);
+                return Poll::Ready(Some(Ok(Frame::data(chunk))));
+            }
+            match ready!(Pin::new(&mut lent.body).poll_frame(cx)) {
+                Some(Ok(frame)) => match frame.into_data() {
+                    Ok(data) => lent.left = data,
+                    Err(trailers) => return Poll::Ready(Some(Ok(trailers))),
+                },
+                end => return Poll::Ready(end),
+            }
+        }
     }
 }
 
