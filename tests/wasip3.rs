@@ -375,12 +375,17 @@ async fn a_trap_in_a_reused_wasip2_instance_gets_500_and_the_next_request_a_fres
     assert_eq!(get(&host, "/remember").await, (200, remembered(0)));
 }
 
-#[tokio::test]
-async fn requests_through_a_reused_wasip2_instance_each_name_their_own_route() {
-    let host = Host::builder()
+/// The host serving the orders fixture (WASIp2, reading request bodies) with reuse on.
+fn reused_orders_host() -> Host {
+    Host::builder()
         .guest("orders-guest")
         .env(&[("MAX_INSTANCE_REUSE_COUNT", "100")])
-        .start();
+        .start()
+}
+
+#[tokio::test]
+async fn requests_through_a_reused_wasip2_instance_each_name_their_own_route() {
+    let host = reused_orders_host();
     for _ in 0..3 {
         let put = client().put(host.url("/api/orders/7")).body("{}").send();
         assert_eq!(put.await.unwrap().status(), 200);
@@ -448,10 +453,7 @@ async fn a_reused_wasip2_instance_keeping_every_request_is_stopped_at_its_limit_
 
 #[tokio::test]
 async fn a_reused_instance_reads_a_request_body_whole_while_the_request_lasts() {
-    let host = Host::builder()
-        .guest("orders-guest")
-        .env(&[("MAX_INSTANCE_REUSE_COUNT", "100")])
-        .start();
+    let host = reused_orders_host();
     for length in [0, 1, 100_000, 1 << 20] {
         let put = client()
             .put(host.url("/api/orders/7"))
@@ -467,12 +469,19 @@ async fn a_reused_instance_reads_a_request_body_whole_while_the_request_lasts() 
 async fn a_body_a_reused_instance_keeps_past_its_request_is_gone_with_the_request() {
     // The kept request's body, its bytes and their share of the host's body budget, belong to
     // the request: the guest reading it later finds nothing to read.
-    let host = hostile_host(&[("MAX_INSTANCE_REUSE_COUNT", "1000000")]);
+    let host = hostile_host(&[
+        ("MAX_INSTANCE_REUSE_COUNT", "1000000"),
+        ("IDLE_INSTANCE_TIMEOUT_MS", "60000"),
+    ]);
     let kept = client()
         .post(host.url("/keep-request"))
         .body(vec![b'k'; 100_000])
-        .send();
-    assert_eq!(kept.await.unwrap().status(), 200);
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(kept.status(), 200);
+    // Its answer read to the end: the request has ended.
+    assert_eq!(kept.text().await.unwrap(), r#"{"kept":1}"#);
     let (status, body) = get(&host, "/read-kept").await;
     assert_eq!((status, body), (200, serde_json::json!({"failed": 0})));
 }

@@ -20,7 +20,7 @@ use std::task::{Context, Poll, ready};
 use std::time::{Duration, Instant};
 
 use bytes::{Buf, Bytes};
-use http_body::{Body, Frame};
+use http_body::{Body, Frame, SizeHint};
 use http_body_util::BodyExt;
 use wasmtime::component::GuestTaskId;
 use wasmtime::{Engine, Store, StoreContextMut, UpdateDeadline};
@@ -252,7 +252,8 @@ impl Drop for RequestEnd {
 /// request owns the body ([`RequestEnd`]), its bytes and their share of the host's body budget;
 /// the instance reads it through a weak reference, in copies of at most [`BODY_CHUNK_BYTES`]
 /// that share nothing with the buffer. So a guest that keeps the request, its body or a stream
-/// of it past the request's end holds neither the bytes nor the budget: a read then fails.
+/// of it past the request's end holds neither the bytes nor the budget: a read then fails. The
+/// body lent is one the edge has read whole, never pending: nothing waits on it when it goes.
 struct LentBody {
     lent: Weak<Mutex<Lent>>,
 }
@@ -306,6 +307,28 @@ impl Body for LentBody {
                 end => return Poll::Ready(end),
             }
         }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.lent.upgrade().is_some_and(|owned| {
+            let lent = owned.lock().unwrap_or_else(PoisonError::into_inner);
+            lent.left.is_empty() && lent.body.is_end_stream()
+        })
+    }
+
+    // Passed on, so that a body the guest forwards keeps its length.
+    fn size_hint(&self) -> SizeHint {
+        let Some(owned) = self.lent.upgrade() else {
+            return SizeHint::default();
+        };
+        let lent = owned.lock().unwrap_or_else(PoisonError::into_inner);
+        let (inner, left) = (lent.body.size_hint(), lent.left.len() as u64);
+        let mut hint = SizeHint::new();
+        hint.set_lower(inner.lower().saturating_add(left));
+        if let Some(upper) = inner.upper() {
+            hint.set_upper(upper.saturating_add(left));
+        }
+        hint
     }
 }
 
