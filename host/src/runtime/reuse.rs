@@ -259,7 +259,7 @@ struct LentBody {
 }
 
 /// What a request lends: its body, and what is left of the frame being copied out.
-pub(super) struct Lent {
+struct Lent {
     body: WasiBody,
     left: Bytes,
 }
