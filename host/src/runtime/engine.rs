@@ -19,7 +19,7 @@ use crate::runtime::cache::{CacheOutcome, ComponentCache};
 use crate::runtime::capacity::{GuestCapacity, GuestLimits};
 use crate::runtime::guest::{Guest, HandlerPre};
 use crate::runtime::outbound::OutboundRules;
-use crate::runtime::pool::{self, POOL_TRIM_PERIOD};
+use crate::runtime::pool::{self, MemoryAccess, POOL_TRIM_PERIOD};
 use crate::runtime::store::RequestState;
 
 /// The wasm engines and the linkers that provide a guest's imports. Built once per process.
@@ -76,9 +76,17 @@ impl Runtime {
     /// lives within `limits`.
     pub fn new(cache: ComponentCache, limits: GuestLimits) -> Result<Runtime, Error> {
         let capacity = Arc::new(GuestCapacity::new(limits));
-        let wasip2 =
-            Linked::new(&engine_config(&capacity, false), false).map_err(Error::Runtime)?;
-        let wasip3 = Linked::new(&engine_config(&capacity, true), true).map_err(Error::Runtime)?;
+        let wasip2 = engine_config(&capacity, false, MemoryAccess::BoundsChecked);
+        let wasip2 = Linked::new(&wasip2, false).map_err(Error::Runtime)?;
+        // With reuse on, every instance of this engine serves many requests, so the page
+        // protections of its memory change only when it starts and ends.
+        let access = if limits.reuse.is_on() {
+            MemoryAccess::GuardPages
+        } else {
+            MemoryAccess::BoundsChecked
+        };
+        let wasip3 = engine_config(&capacity, true, access);
+        let wasip3 = Linked::new(&wasip3, true).map_err(Error::Runtime)?;
         let _ticker = EpochTicker::start(
             [wasip2.engine.clone(), wasip3.engine.clone()],
             Arc::clone(&capacity),
@@ -145,10 +153,9 @@ impl Runtime {
 }
 
 /// Epoch interruption (deadlines and yields), and memories and stacks from `capacity`'s pools,
-/// reused from instance to instance without changing page protections (see [`crate::runtime::pool`]);
-/// the component model's concurrency (`stream` and `future` types, async lifts and lowers) only
-/// when `wasip3`.
-fn engine_config(capacity: &GuestCapacity, wasip3: bool) -> wasmtime::Config {
+/// memories reached as `access` says (see [`crate::runtime::pool`]); the component model's
+/// concurrency (`stream` and `future` types, async lifts and lowers) only when `wasip3`.
+fn engine_config(capacity: &GuestCapacity, wasip3: bool, access: MemoryAccess) -> wasmtime::Config {
     let mut config = wasmtime::Config::new();
     config
         .epoch_interruption(true)
@@ -159,6 +166,7 @@ fn engine_config(capacity: &GuestCapacity, wasip3: bool) -> wasmtime::Config {
         &mut config,
         Arc::clone(&capacity.memories),
         Arc::clone(&capacity.stacks),
+        access,
     );
     config
 }
