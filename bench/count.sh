@@ -8,6 +8,9 @@
 #
 #   bench/count.sh [GUEST.wasm] [SECONDS]        (defaults: the real guest, 10 s)
 #
+# HOST_ARGS adds flags to the host's (reuse, say: HOST_ARGS="--max-instance-reuse-count 128
+# --max-instance-concurrent-reuse-count 16"); URL_PATH asks another path (a fixture's `/`).
+#
 # Needs valgrind and wrk, and a release build (`cargo build --release -p host`). Leaves the
 # profile in target/count/, for `callgrind_annotate`.
 set -euo pipefail
@@ -44,17 +47,17 @@ env GUEST_CACHE_DIR="$OUT/cache" LOG_FILE="$OUT/app.log" RUST_LOG=info \
   OTEL_EXPORTER_JAEGER_AGENT_HOST=127.0.0.1 OTEL_EXPORTER_JAEGER_AGENT_PORT="$(head -1 "$OUT/agent-port")" \
   valgrind --tool=callgrind --instr-atstart=no --cache-sim=$cache_sim --smc-check=all-non-file \
   --callgrind-out-file="$profile" \
-  "$HOST" --bind 127.0.0.1 --port "$PORT" --guest "$GUEST" >/dev/null 2>"$OUT/valgrind.log" &
+  "$HOST" ${HOST_ARGS:-} --bind 127.0.0.1 --port "$PORT" --guest "$GUEST" >/dev/null 2>"$OUT/valgrind.log" &
 host=$!
 PIDS+=($host)
 # Under valgrind the host takes seconds to compile the guest and start.
 for _ in $(seq 1 600); do
-  curl -sf "http://127.0.0.1:$PORT/api/health" >/dev/null && break
+  curl -sf "http://127.0.0.1:$PORT${URL_PATH:-/api/health}" >/dev/null && break
   sleep 0.2
 done
-wrk -t1 -c4 -d5s "http://127.0.0.1:$PORT/api/health" >/dev/null
+wrk -t1 -c4 -d5s "http://127.0.0.1:$PORT${URL_PATH:-/api/health}" >/dev/null
 callgrind_control -i on "$host" >/dev/null 2>&1
-served=$(wrk -t1 -c4 -d"${SECONDS_COUNTED}s" "http://127.0.0.1:$PORT/api/health" | awk '/requests in/{print $1}')
+served=$(wrk -t1 -c4 -d"${SECONDS_COUNTED}s" "http://127.0.0.1:$PORT${URL_PATH:-/api/health}" | awk '/requests in/{print $1}')
 callgrind_control -i off "$host" >/dev/null 2>&1
 kill -INT "$host"
 wait "$host" || true
