@@ -253,9 +253,9 @@ async fn a_guest_stopped_by_the_host_wide_memory_budget_gets_503_its_own_limit_5
 #[tokio::test]
 async fn a_burst_of_instances_gives_its_memory_back_once_idle() {
     let mut host = hostile_host(&[("MAX_INSTANCES", "48"), ("REQUEST_TIMEOUT_MS", "1500")]);
-    // Start-up's compilation leaves memory that the allocator returns over the first moments.
-    tokio::time::sleep(Duration::from_secs(1)).await;
-    let idle = host.resident_bytes();
+    // Start-up's compilation leaves memory that the allocator returns over the first moments,
+    // later still on a machine busy with other tests.
+    let idle = settled_resident_bytes(&host).await;
     // 48 instances at once, each holding the 512 KiB it filled (and its data and stack) until
     // the deadline; their regions stay resident in the pool for reuse.
     let burst: Vec<_> = (0..48)
@@ -408,6 +408,21 @@ async fn the_real_guest_out_of_its_memory_is_a_500_and_no_panic_line() {
 }
 
 /// Waits until `host` holds less than `idle` + `above` bytes, failing after `within`.
+/// The host's resident bytes once they stopped falling: two reads half a second apart within a
+/// MiB of each other, or the last read after ten seconds.
+async fn settled_resident_bytes(host: &Host) -> u64 {
+    let mut before = host.resident_bytes();
+    for _ in 0..20 {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let now = host.resident_bytes();
+        if before.abs_diff(now) < 1 << 20 {
+            return now;
+        }
+        before = now;
+    }
+    before
+}
+
 async fn wait_until_resident_under(host: &Host, idle: u64, above: u64, within: Duration) {
     let deadline = Instant::now() + within;
     while host.resident_bytes() > idle + above {

@@ -122,11 +122,13 @@ impl HeldObjects {
         if held > self.limit {
             return Err(too_much(Some(self.limit)));
         }
+        // Most host calls change nothing the account weighs: the budget's counter, shared by
+        // every thread, is left alone then.
         if held > self.charged {
             if !self.budget.commit(held - self.charged) {
                 return Err(too_much(None));
             }
-        } else {
+        } else if held < self.charged {
             self.budget.release(self.charged - held);
         }
         self.charged = held;
@@ -151,48 +153,71 @@ impl Drop for HeldObjects {
 /// and its own strings; an outgoing body those chunks again (its stream may outlive the message
 /// that reads them).
 fn weight(object: &(dyn Any + Send), fields_bytes: usize) -> usize {
-    if let Some(map) = object.downcast_ref::<FieldMap>() {
-        map_weight(map, fields_bytes)
-    } else if let Some(request) = object.downcast_ref::<HostOutgoingRequest>() {
-        let method = match &request.method {
-            Method::Other(text) => text.len(),
-            _ => 0,
-        };
-        let strings = method
-            + request.authority.as_ref().map_or(0, String::len)
-            + request.path_with_query.as_ref().map_or(0, String::len);
-        map_weight(&request.headers, fields_bytes)
-            + body_weight(request.body.is_some(), fields_bytes)
-            + strings
-    } else if let Some(response) = object.downcast_ref::<HostOutgoingResponse>() {
-        map_weight(&response.headers, fields_bytes)
-            + body_weight(response.body.is_some(), fields_bytes)
-    } else if object.type_id() == TypeId::of::<HostOutgoingBody>()
-        || object.type_id() == TypeId::of::<HostIncomingBody>()
-    {
+    // One `type_id` call, compared with each kind's: most objects are of none of them, and a
+    // chain of downcasts would ask each object its type once per kind.
+    let kind = (*object).type_id();
+    let is = |of: TypeId| kind == of;
+    if is(TypeId::of::<FieldMap>()) {
+        object
+            .downcast_ref::<FieldMap>()
+            .map_or(0, |map| map_weight(map, fields_bytes))
+    } else if is(TypeId::of::<HostOutgoingRequest>()) {
+        object
+            .downcast_ref::<HostOutgoingRequest>()
+            .map_or(0, |request| outgoing_request_weight(request, fields_bytes))
+    } else if is(TypeId::of::<HostOutgoingResponse>()) {
+        object
+            .downcast_ref::<HostOutgoingResponse>()
+            .map_or(0, |response| {
+                map_weight(&response.headers, fields_bytes)
+                    + body_weight(response.body.is_some(), fields_bytes)
+            })
+    } else if is(TypeId::of::<HostOutgoingBody>()) || is(TypeId::of::<HostIncomingBody>()) {
         BODY_BUFFER_BYTES
-    } else if object.type_id() == TypeId::of::<HostIncomingRequest>() {
+    } else if is(TypeId::of::<HostIncomingRequest>()) {
         // A client's request, which a reused instance may keep: its headers (their map's shape
         // private to wasmtime-wasi-http; the edge's head bound keeps its slots within as much
         // again), and its body's chunk in flight.
         2 * fields_bytes + BODY_BUFFER_BYTES
-    } else if let Some(request) = object.downcast_ref::<p3::Request>() {
-        // A WASIp3 message holds its headers and strings itself, and its body's chunk in flight.
-        let strings = request.method.as_str().len()
-            + request
-                .authority
-                .as_ref()
-                .map_or(0, |authority| authority.as_str().len())
-            + request
-                .path_with_query
-                .as_ref()
-                .map_or(0, |path| path.as_str().len());
-        map_weight(&request.headers, fields_bytes) + BODY_BUFFER_BYTES + strings
-    } else if let Some(response) = object.downcast_ref::<p3::Response>() {
-        map_weight(&response.headers, fields_bytes) + BODY_BUFFER_BYTES
+    } else if is(TypeId::of::<p3::Request>()) {
+        object
+            .downcast_ref::<p3::Request>()
+            .map_or(0, |request| p3_request_weight(request, fields_bytes))
+    } else if is(TypeId::of::<p3::Response>()) {
+        object.downcast_ref::<p3::Response>().map_or(0, |response| {
+            map_weight(&response.headers, fields_bytes) + BODY_BUFFER_BYTES
+        })
     } else {
         OTHER_OBJECT_BYTES
     }
+}
+
+/// An outgoing request: its headers, its body once taken, and its own strings.
+fn outgoing_request_weight(request: &HostOutgoingRequest, fields_bytes: usize) -> usize {
+    let method = match &request.method {
+        Method::Other(text) => text.len(),
+        _ => 0,
+    };
+    let strings = method
+        + request.authority.as_ref().map_or(0, String::len)
+        + request.path_with_query.as_ref().map_or(0, String::len);
+    map_weight(&request.headers, fields_bytes)
+        + body_weight(request.body.is_some(), fields_bytes)
+        + strings
+}
+
+/// A WASIp3 request: it holds its headers and strings itself, and its body's chunk in flight.
+fn p3_request_weight(request: &p3::Request, fields_bytes: usize) -> usize {
+    let strings = request.method.as_str().len()
+        + request
+            .authority
+            .as_ref()
+            .map_or(0, |authority| authority.as_str().len())
+        + request
+            .path_with_query
+            .as_ref()
+            .map_or(0, |path| path.as_str().len());
+    map_weight(&request.headers, fields_bytes) + BODY_BUFFER_BYTES + strings
 }
 
 /// What a header map holds at most, its names and values counting at most `fields_bytes`.
