@@ -55,9 +55,9 @@ for _ in $(seq 1 600); do
   curl -sf "http://127.0.0.1:$PORT${URL_PATH:-/api/health}" >/dev/null && break
   sleep 0.2
 done
-wrk -t1 -c4 -d5s "http://127.0.0.1:$PORT${URL_PATH:-/api/health}" >/dev/null
+wrk -t1 -c"${CONNECTIONS:-4}" -d5s "http://127.0.0.1:$PORT${URL_PATH:-/api/health}" >/dev/null
 callgrind_control -i on "$host" >/dev/null 2>&1
-served=$(wrk -t1 -c4 -d"${SECONDS_COUNTED}s" "http://127.0.0.1:$PORT${URL_PATH:-/api/health}" | awk '/requests in/{print $1}')
+served=$(wrk -t1 -c"${CONNECTIONS:-4}" -d"${SECONDS_COUNTED}s" "http://127.0.0.1:$PORT${URL_PATH:-/api/health}" | awk '/requests in/{print $1}')
 callgrind_control -i off "$host" >/dev/null 2>&1
 kill -INT "$host"
 wait "$host" || true

@@ -159,7 +159,7 @@ where
             request_members
                 .iter()
                 .flat_map(|members| members.iter())
-                .map(|(name, value)| (Cow::Borrowed(*name), Cow::Borrowed(value.as_str()))),
+                .map(|(name, value)| (Cow::Borrowed(*name), Cow::Owned(value.to_json()))),
         );
         for fields in extensions
             .iter()

@@ -12,6 +12,7 @@ use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::task::{Context, Poll};
 
+use opentelemetry::trace::{SpanId, TraceId};
 use pin_project_lite::pin_project;
 
 /// Every name a request's fields may have: a guest's log field of one of these names is kept
@@ -28,10 +29,36 @@ pub const REQUEST_FIELD_NAMES: [&str; 9] = [
     "span_id",
 ];
 
-/// A request's log fields, each as its JSON text, each name once: of a name recorded twice, the
-/// later value is the one a line carries.
+/// A request's log fields, each name once: of a name recorded twice, the later value is the one
+/// a line carries.
 pub struct RequestFields {
-    members: Mutex<Vec<(&'static str, String)>>,
+    members: Mutex<Vec<(&'static str, FieldValue)>>,
+}
+
+/// A request field's value as recorded: most requests write no line, so it becomes JSON text
+/// only when a line carries it ([`FieldValue::to_json`]).
+#[derive(Clone, Debug, PartialEq)]
+pub enum FieldValue {
+    /// A string.
+    Text(String),
+    /// A number.
+    Number(i64),
+    /// A trace id, written as its 32 hex digits.
+    Trace(TraceId),
+    /// A span id, written as its 16 hex digits.
+    Span(SpanId),
+}
+
+impl FieldValue {
+    /// The value as JSON text.
+    pub fn to_json(&self) -> String {
+        match self {
+            FieldValue::Text(text) => serde_json::to_string(text).expect("a string serializes"),
+            FieldValue::Number(number) => number.to_string(),
+            FieldValue::Trace(trace_id) => format!("\"{trace_id}\""),
+            FieldValue::Span(span_id) => format!("\"{span_id}\""),
+        }
+    }
 }
 
 thread_local! {
@@ -48,20 +75,25 @@ impl RequestFields {
         })
     }
 
-    /// Records `name` as the JSON string `value`.
+    /// Records `name` as the string `value`.
     pub fn record_str(&self, name: &'static str, value: &str) {
-        let json = serde_json::to_string(value).expect("a string always serializes");
-        self.record(name, json);
+        self.record(name, FieldValue::Text(value.to_owned()));
     }
 
-    /// Records `name` as the JSON number `value`.
+    /// Records `name` as the number `value`.
     pub fn record_i64(&self, name: &'static str, value: i64) {
-        self.record(name, value.to_string());
+        self.record(name, FieldValue::Number(value));
+    }
+
+    /// Records the request's `trace_id` and `span_id`.
+    pub fn record_ids(&self, trace_id: TraceId, span_id: SpanId) {
+        self.record("trace_id", FieldValue::Trace(trace_id));
+        self.record("span_id", FieldValue::Span(span_id));
     }
 
     /// Sets `name`, in place if it is set already: a request holds each name once, so its list
     /// is bounded by [`REQUEST_FIELD_NAMES`] whoever records.
-    fn record(&self, name: &'static str, json: String) {
+    fn record(&self, name: &'static str, value: FieldValue) {
         // A log line adds these members without searching it for their names (`logs.rs`).
         debug_assert!(
             REQUEST_FIELD_NAMES.contains(&name),
@@ -69,17 +101,17 @@ impl RequestFields {
         );
         let mut members = self.lock();
         match members.iter_mut().find(|(recorded, _)| *recorded == name) {
-            Some((_, value)) => *value = json,
-            None => members.push((name, json)),
+            Some((_, recorded)) => *recorded = value,
+            None => members.push((name, value)),
         }
     }
 
     /// The fields recorded so far, earliest first; held while a line copies them.
-    pub fn members(&self) -> MutexGuard<'_, Vec<(&'static str, String)>> {
+    pub fn members(&self) -> MutexGuard<'_, Vec<(&'static str, FieldValue)>> {
         self.lock()
     }
 
-    fn lock(&self) -> MutexGuard<'_, Vec<(&'static str, String)>> {
+    fn lock(&self) -> MutexGuard<'_, Vec<(&'static str, FieldValue)>> {
         // A panic while recording leaves a list of whole members: still usable.
         self.members.lock().unwrap_or_else(PoisonError::into_inner)
     }
@@ -146,13 +178,18 @@ mod tests {
     use super::*;
 
     fn recorded(request: &RequestFields) -> Vec<(&'static str, String)> {
-        request.members().clone()
+        let members = request.members();
+        members
+            .iter()
+            .map(|(name, value)| (*name, value.to_json()))
+            .collect()
     }
 
     #[test]
-    fn values_are_recorded_as_json_each_name_once_with_its_latest_value() {
+    fn values_are_written_as_json_each_name_once_with_its_latest_value() {
         let request = RequestFields::new();
         request.record_str("request_id", "a\"b");
+        request.record_ids(TraceId::from(0xab), SpanId::from(0xcd));
         request.record_i64("http.response.status_code", 404);
         request.record_str("http.route", "/api/users/{id}");
         for status in 0..1000 {
@@ -162,6 +199,8 @@ mod tests {
             recorded(&request),
             [
                 ("request_id", "\"a\\\"b\"".to_string()),
+                ("trace_id", format!("\"{}ab\"", "0".repeat(30))),
+                ("span_id", format!("\"{}cd\"", "0".repeat(14))),
                 ("http.response.status_code", "999".to_string()),
                 ("http.route", "\"/api/users/{id}\"".to_string()),
             ]

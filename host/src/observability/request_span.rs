@@ -146,8 +146,7 @@ impl RequestSpan {
         }
         log.record_str("url.path", path);
         log.record_str("request_id", request_id);
-        log.record_str("trace_id", &trace_id.to_string());
-        log.record_str("span_id", &span_id.to_string());
+        log.record_ids(trace_id, span_id);
         RequestSpan {
             log: Some(log),
             exported,
