@@ -9,7 +9,8 @@
 #   bench/count.sh [GUEST.wasm] [SECONDS]        (defaults: the real guest, 10 s)
 #
 # HOST_ARGS adds flags to the host's (reuse, say: HOST_ARGS="--max-instance-reuse-count 128
-# --max-instance-concurrent-reuse-count 16"); URL_PATH asks another path (a fixture's `/`).
+# --max-instance-concurrent-reuse-count 16"); URL_PATH asks another path (a fixture's `/`);
+# CONNECTIONS sets wrk's connections (4).
 #
 # Needs valgrind and wrk, and a release build (`cargo build --release -p host`). Leaves the
 # profile in target/count/, for `callgrind_annotate`.
