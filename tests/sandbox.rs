@@ -407,7 +407,6 @@ async fn the_real_guest_out_of_its_memory_is_a_500_and_no_panic_line() {
     assert!(panics.is_empty(), "{panics:#?}");
 }
 
-/// Waits until `host` holds less than `idle` + `above` bytes, failing after `within`.
 /// The host's resident bytes once they stopped falling: two reads half a second apart within a
 /// MiB of each other, or the last read after ten seconds.
 async fn settled_resident_bytes(host: &Host) -> u64 {
@@ -423,6 +422,7 @@ async fn settled_resident_bytes(host: &Host) -> u64 {
     before
 }
 
+/// Waits until `host` holds less than `idle` + `above` bytes, failing after `within`.
 async fn wait_until_resident_under(host: &Host, idle: u64, above: u64, within: Duration) {
     let deadline = Instant::now() + within;
     while host.resident_bytes() > idle + above {

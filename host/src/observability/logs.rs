@@ -142,7 +142,8 @@ where
         mut writer: Writer<'_>,
         event: &Event<'_>,
     ) -> fmt::Result {
-        // The members of the line borrow the spans' stored text and the guest's fields: the
+        // The members of the line borrow the spans' stored text and the guest's fields (the
+        // request's own are written out as JSON here, most requests writing no line): the
         // spans, the guards of their extensions and that text live until the line is written.
         let request = request_fields::current();
         let request_members = request.as_ref().map(|request| request.members());

@@ -14,6 +14,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::Instant;
 
+use rustc_hash::FxHashMap;
 use wasmtime::component::{GuestTaskId, ResourceTable};
 use wasmtime::{CallHook, Engine, Store};
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
@@ -447,9 +448,10 @@ impl RequestSlot {
 /// running.
 #[derive(Default)]
 struct ReusedRequests {
-    /// A list, not a map: it holds at most the instance's concurrent requests (16 by default),
-    /// and is searched at every host call, where hashing each task's id cost more.
-    tasks: Vec<(GuestTaskId, Arc<RequestSlot>)>,
+    /// Searched at every host call: hashed with rustc-hash, where SipHash cost more than the
+    /// rest of the search. It holds the instance's requests that have not ended, a slow reader's
+    /// among them, at most its reuse count.
+    tasks: FxHashMap<GuestTaskId, Arc<RequestSlot>>,
     /// The slot whose parts are in the store now, and the idle parts they replaced.
     entered: Option<(Arc<RequestSlot>, Box<RequestParts>)>,
 }
@@ -459,10 +461,8 @@ impl RequestState {
     /// forgotten, so the map holds no more than the requests in the instance.
     pub fn adopt(&mut self, task: GuestTaskId, slot: Arc<RequestSlot>) {
         if let Some(reused) = &mut self.reused {
-            reused
-                .tasks
-                .retain(|(served, slot)| !slot.is_ended() && *served != task);
-            reused.tasks.push((task, slot));
+            reused.tasks.retain(|_, slot| !slot.is_ended());
+            reused.tasks.insert(task, slot);
         }
     }
 
@@ -470,11 +470,11 @@ impl RequestState {
     /// that suspended inside a host call (waiting on a waitable set, yielding) gives its
     /// parts back first: the call being made now is another task's.
     fn enter(&mut self, task: Option<GuestTaskId>) {
-        let slot = self.reused.as_ref().and_then(|reused| {
-            let task = task?;
-            let (_, slot) = reused.tasks.iter().find(|(served, _)| *served == task)?;
-            Some(Arc::clone(slot))
-        });
+        let slot = self
+            .reused
+            .as_ref()
+            .and_then(|reused| task.and_then(|task| reused.tasks.get(&task)))
+            .cloned();
         let entered = self
             .reused
             .as_ref()
