@@ -124,10 +124,15 @@ impl Mapping {
             )
         };
         if base == libc::MAP_FAILED {
-            return Err(format!(
-                "mmap of {len} bytes: {}",
-                std::io::Error::last_os_error()
-            ));
+            let error = std::io::Error::last_os_error();
+            // The host, not the guest, is short (of address space under a limit, or of map
+            // entries): refused as the budget refuses, a 503.
+            if error.raw_os_error() == Some(libc::ENOMEM) {
+                return Err(format!(
+                    "{BUDGET_SPENT}: the host could not map {len} bytes ({error})"
+                ));
+            }
+            return Err(format!("mmap of {len} bytes: {error}"));
         }
         let base = NonNull::new(base.cast()).ok_or("mmap returned null")?;
         Ok(Mapping { base, len })
@@ -836,6 +841,16 @@ mod tests {
         drop(first);
         assert_eq!(budget.committed(), 0);
         assert!(refusal(guarded_memory(&pool, 9 * MIB, 16 * MIB)).contains("over the limit"));
+    }
+
+    #[test]
+    fn a_memory_the_host_cannot_map_is_refused_as_the_budget_refuses_and_takes_nothing() {
+        let budget = Arc::new(MemoryBudget::new(64 * MIB));
+        let pool = MemoryPool::new(4, 8 * MIB, Arc::clone(&budget));
+        // More address space than a 64-bit process has: the kernel answers ENOMEM.
+        let refused = refusal(guarded_memory(&pool, 2 * MIB, 1 << 62));
+        assert!(refused.contains(BUDGET_SPENT), "{refused}");
+        assert_eq!(budget.committed(), 0);
     }
 
     #[test]
