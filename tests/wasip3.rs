@@ -375,6 +375,41 @@ async fn a_trap_in_a_reused_wasip2_instance_gets_500_and_the_next_request_a_fres
     assert_eq!(get(&host, "/remember").await, (200, remembered(0)));
 }
 
+#[tokio::test]
+async fn a_reused_wasip2_instance_that_returns_without_answering_gets_500_and_takes_no_more_requests()
+ {
+    let host = hostile_host(&[("MAX_INSTANCE_REUSE_COUNT", "100")]);
+    assert_eq!(get(&host, "/remember").await, (200, remembered(0)));
+    assert_eq!(get(&host, "/remember").await, (200, remembered(1)));
+    assert_eq!(
+        get(&host, "/no-answer").await,
+        (500, serde_json::json!({"error": "Internal server error"}))
+    );
+    // The instance is broken (a runtime that answers one request per instance looks like
+    // this from the second on): the next request goes to a fresh one.
+    assert_eq!(get(&host, "/remember").await, (200, remembered(0)));
+    assert_eq!(get(&host, "/remember").await, (200, remembered(1)));
+    let warned = host.wait_for_log(|line| {
+        line["level"] == "WARN"
+            && line["message"]
+                .as_str()
+                .is_some_and(|message| message.contains("takes no more"))
+    });
+    assert!(
+        warned["message"]
+            .as_str()
+            .unwrap()
+            .contains("componentize-js"),
+        "{warned}"
+    );
+    let failed =
+        host.wait_for_log(|line| line["url.path"] == "/no-answer" && line["level"] == "ERROR");
+    assert_eq!(
+        failed["error"], "the guest returned without sending a response",
+        "{failed}"
+    );
+}
+
 /// The host serving the orders fixture (WASIp2, reading request bodies) with reuse on.
 fn reused_orders_host() -> Host {
     Host::builder()

@@ -14,7 +14,7 @@
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError, Weak};
 use std::task::{Context, Poll, ready};
 use std::time::{Duration, Instant};
@@ -57,6 +57,9 @@ pub(super) struct ReusedInstances {
     capacity: Arc<GuestCapacity>,
     /// Made with the first client request, whose context names the user store and metrics.
     handler: OnceLock<ProxyHandler<Instances>>,
+    /// Set once an instance was retired for a request it left unanswered: said once a guest,
+    /// not once an instance.
+    retired_one: AtomicBool,
 }
 
 impl ReusedInstances {
@@ -76,6 +79,7 @@ impl ReusedInstances {
             limits,
             capacity,
             handler: OnceLock::new(),
+            retired_one: AtomicBool::new(false),
         }
     }
 
@@ -134,14 +138,29 @@ impl ReusedInstances {
                 Ok(response.map(|body| GuestBody::reused(body, ending, instance, deadline)))
             }
             Err(error) => {
-                // The request's task vanished with its instance, whose error reaches the
-                // worker, not here: wait a moment for the instance to say why.
+                // The request's task may have vanished with its instance, whose error reaches
+                // the worker, not here: wait a moment for the instance to say why, or to show
+                // it lives on past the request.
                 if let Some(served) = served
                     && (error.is::<TrapOrPanicError>() || is_unanswered(&error))
                 {
-                    served.instance.ending(Duration::from_millis(100)).await;
+                    served
+                        .instance
+                        .outcome(served.ordinal, Duration::from_millis(100))
+                        .await;
                 }
-                Err(failure(error, served))
+                let failure = failure(error, served);
+                if let (RequestError::NoResponse, Some(served)) = (&failure, served)
+                    && served.instance.retire()
+                    && !self.retired_one.swap(true, Ordering::Relaxed)
+                {
+                    tracing::warn!(
+                        "a reused instance returned without answering a request, and takes no \
+                         more, as will any other that does: a guest whose runtime answers one \
+                         request per instance (componentize-js's) cannot be reused"
+                    );
+                }
+                Err(failure)
             }
         }
     }
@@ -426,7 +445,11 @@ impl WorkerState for Worker {
     type RequestData = Arc<RequestSlot>;
 
     fn should_accept_request(&self, concurrent: usize, total: usize) -> ShouldAccept {
-        if total >= self.reuse.requests as usize {
+        if concurrent == 0 {
+            self.instance.settle();
+        }
+        // An instance that left a request unanswered is broken: its requests go elsewhere.
+        if total >= self.reuse.requests as usize || self.instance.is_retired() {
             ShouldAccept::Never
         } else if concurrent >= self.reuse.concurrent as usize {
             ShouldAccept::No

@@ -10,7 +10,7 @@
 //! ([`crate::runtime::held`]).
 
 use std::net::IpAddr;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::Instant;
 
@@ -334,9 +334,17 @@ pub struct ServingInstance {
     /// Why the instance failed (a trap, a deadline), set before its store goes: a body whose
     /// stream ends then was cut short, not finished.
     failure: OnceLock<InstanceFailure>,
-    /// Set once the instance has ended, well or not; `end` wakes those waiting for it.
+    /// Set once the instance has ended, well or not; `changed` wakes those waiting for it.
     ended: AtomicBool,
-    end: tokio::sync::Notify,
+    /// Requests the instance has taken.
+    taken: AtomicUsize,
+    /// Requests the instance has taken and finished, alive: its first `settled` requests' tasks
+    /// are over, whatever they answered.
+    settled: AtomicUsize,
+    /// Set when the instance is to take no more requests.
+    retired: AtomicBool,
+    /// Wakes those waiting on `ended` or `settled`.
+    changed: tokio::sync::Notify,
 }
 
 /// Why a reused instance failed.
@@ -355,7 +363,27 @@ impl ServingInstance {
             let _ = self.failure.set(failure);
         }
         self.ended.store(true, Ordering::SeqCst);
-        self.end.notify_waiters();
+        self.changed.notify_waiters();
+    }
+
+    /// Says that every request the instance has taken has finished, and it lives on.
+    pub fn settle(&self) {
+        // Only the instance's worker settles it; most calls find nothing new.
+        let taken = self.taken.load(Ordering::SeqCst);
+        if self.settled.load(Ordering::SeqCst) < taken {
+            self.settled.store(taken, Ordering::SeqCst);
+            self.changed.notify_waiters();
+        }
+    }
+
+    /// Keeps the instance from taking another request; `true` the first time.
+    pub fn retire(&self) -> bool {
+        !self.retired.swap(true, Ordering::SeqCst)
+    }
+
+    /// Whether the instance is to take no more requests.
+    pub fn is_retired(&self) -> bool {
+        self.retired.load(Ordering::SeqCst)
     }
 
     /// Why the instance failed, once it has.
@@ -363,15 +391,24 @@ impl ServingInstance {
         self.failure.get()
     }
 
-    /// Waits, at most `within`, for the instance to end. A request whose task vanished learns
-    /// why that way: the instance's error reaches its worker, not the request.
-    pub async fn ending(&self, within: std::time::Duration) {
-        let notified = self.end.notified();
-        tokio::pin!(notified);
-        notified.as_mut().enable();
-        if !self.ended.load(Ordering::SeqCst) {
-            let _ = tokio::time::timeout(within, notified).await;
-        }
+    /// Waits, at most `within`, until the instance has ended or has finished its `ordinal`th
+    /// request and lives on. A request whose task vanished learns why that way: the instance's
+    /// error, if it failed, reaches its worker, not the request.
+    pub async fn outcome(&self, ordinal: usize, within: std::time::Duration) {
+        let wait = async {
+            loop {
+                let changed = self.changed.notified();
+                tokio::pin!(changed);
+                changed.as_mut().enable();
+                if self.ended.load(Ordering::SeqCst)
+                    || self.settled.load(Ordering::SeqCst) >= ordinal
+                {
+                    return;
+                }
+                changed.await;
+            }
+        };
+        let _ = tokio::time::timeout(within, wait).await;
     }
 }
 
@@ -387,6 +424,8 @@ pub struct Served {
     /// When the instance took the request: its deadline counts from here, as a fresh
     /// instance's counts from its slot.
     pub accepted: Instant,
+    /// Which of the instance's requests it is, from 1.
+    pub ordinal: usize,
 }
 
 impl RequestSlot {
@@ -404,6 +443,7 @@ impl RequestSlot {
         let _ = self.instance.set(Served {
             over_budget_before: instance.record.cost.was_over_budget(),
             over_limit_before: instance.record.cost.was_over_limit(),
+            ordinal: instance.taken.fetch_add(1, Ordering::SeqCst) + 1,
             instance,
             accepted: Instant::now(),
         });
