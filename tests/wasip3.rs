@@ -373,6 +373,14 @@ async fn a_trap_in_a_reused_wasip2_instance_gets_500_and_the_next_request_a_fres
         (500, serde_json::json!({"error": "Internal server error"}))
     );
     assert_eq!(get(&host, "/remember").await, (200, remembered(0)));
+    // A trap, not a request left unanswered: the instance's failure is the cause.
+    let failed =
+        host.wait_for_log(|line| line["url.path"] == "/past-the-end" && line["level"] == "ERROR");
+    let error = failed["error"].as_str().unwrap_or_default();
+    assert!(
+        error.contains("the reused instance serving it failed"),
+        "{failed}"
+    );
 }
 
 #[tokio::test]

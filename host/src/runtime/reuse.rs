@@ -139,14 +139,14 @@ impl ReusedInstances {
             }
             Err(error) => {
                 // The request's task may have vanished with its instance, whose error reaches
-                // the worker, not here: wait a moment for the instance to say why, or to show
-                // it lives on past the request.
+                // the worker, not here: wait for the instance to say why, or to show it lives
+                // on past the request. Either comes at once; the bound is for a busy machine.
                 if let Some(served) = served
                     && (error.is::<TrapOrPanicError>() || is_unanswered(&error))
                 {
                     served
                         .instance
-                        .outcome(served.ordinal, Duration::from_millis(100))
+                        .outcome(served.ordinal, Duration::from_secs(1))
                         .await;
                 }
                 let failure = failure(error, served);

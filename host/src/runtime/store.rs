@@ -338,8 +338,9 @@ pub struct ServingInstance {
     ended: AtomicBool,
     /// Requests the instance has taken.
     taken: AtomicUsize,
-    /// Requests the instance has taken and finished, alive: its first `settled` requests' tasks
-    /// are over, whatever they answered.
+    /// Requests the instance has taken and finished, alive: its first `settled` requests have
+    /// had their answer (a WASIp2 call has returned; a WASIp3 task may still run after it),
+    /// whatever it was.
     settled: AtomicUsize,
     /// Set when the instance is to take no more requests.
     retired: AtomicBool,
@@ -636,5 +637,69 @@ impl WasiHttpHooks for OutgoingRequests {
     // A WASIp3 body's chunk: the same as a WASIp2 one's, not the 1 MiB default.
     fn p3_outgoing_body_chunk_size(&mut self) -> usize {
         BODY_CHUNK_BYTES
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use tokio::time::Instant;
+
+    use super::*;
+
+    const WITHIN: Duration = Duration::from_secs(1);
+
+    /// How long `ordinal`'s wait on `instance` lasted, `act` done on it once the wait began.
+    async fn waited(
+        instance: &Arc<ServingInstance>,
+        ordinal: usize,
+        act: impl FnOnce(&ServingInstance),
+    ) -> Duration {
+        let waiting = tokio::spawn({
+            let instance = Arc::clone(instance);
+            async move {
+                let started = Instant::now();
+                instance.outcome(ordinal, WITHIN).await;
+                started.elapsed()
+            }
+        });
+        tokio::task::yield_now().await;
+        act(instance);
+        waiting.await.expect("the waiting task")
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_request_is_released_as_soon_as_its_instance_has_finished_it_and_lives_on() {
+        let instance = Arc::new(ServingInstance::default());
+        instance.taken.fetch_add(1, Ordering::SeqCst);
+        assert_eq!(
+            waited(&instance, 1, ServingInstance::settle).await,
+            Duration::ZERO
+        );
+        // Settled before the wait begins: no wait at all.
+        assert_eq!(waited(&instance, 1, |_| {}).await, Duration::ZERO);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_request_is_not_released_by_an_earlier_one_settling_but_by_its_instance_ending() {
+        let instance = Arc::new(ServingInstance::default());
+        instance.taken.fetch_add(1, Ordering::SeqCst);
+        instance.settle();
+        instance.taken.fetch_add(1, Ordering::SeqCst);
+        assert_eq!(waited(&instance, 2, |_| {}).await, WITHIN);
+        assert_eq!(
+            waited(&instance, 2, |instance| instance.end(None)).await,
+            Duration::ZERO
+        );
+    }
+
+    #[test]
+    fn an_instance_is_retired_once_and_stays_retired() {
+        let instance = ServingInstance::default();
+        assert!(!instance.is_retired());
+        assert!(instance.retire());
+        assert!(!instance.retire(), "the second retirement is not the first");
+        assert!(instance.is_retired());
     }
 }
