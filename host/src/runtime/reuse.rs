@@ -141,15 +141,22 @@ impl ReusedInstances {
                 // The request's task may have vanished with its instance, whose error reaches
                 // the worker, not here: wait for the instance to say why, or to show it lives
                 // on past the request. Either comes at once; the bound is for a busy machine.
+                let mut lives_on = false;
                 if let Some(served) = served
                     && (error.is::<TrapOrPanicError>() || is_unanswered(&error))
                 {
-                    served
+                    lives_on = served
                         .instance
                         .outcome(served.ordinal, Duration::from_secs(1))
                         .await;
                 }
-                let failure = failure(error, served);
+                // Alive past the request, the instance may have failed since in another: not
+                // this request's cause.
+                let failure = if lives_on && is_unanswered(&error) {
+                    RequestError::NoResponse
+                } else {
+                    failure(error, served)
+                };
                 if let (RequestError::NoResponse, Some(served)) = (&failure, served)
                     && served.instance.retire()
                     && !self.retired_one.swap(true, Ordering::Relaxed)

@@ -393,23 +393,24 @@ impl ServingInstance {
     }
 
     /// Waits, at most `within`, until the instance has ended or has finished its `ordinal`th
-    /// request and lives on. A request whose task vanished learns why that way: the instance's
-    /// error, if it failed, reaches its worker, not the request.
-    pub async fn outcome(&self, ordinal: usize, within: std::time::Duration) {
+    /// request and lives on; `true` for the latter. A request whose task vanished learns why
+    /// that way: the instance's error, if it failed, reaches its worker, not the request.
+    pub async fn outcome(&self, ordinal: usize, within: std::time::Duration) -> bool {
         let wait = async {
             loop {
                 let changed = self.changed.notified();
                 tokio::pin!(changed);
                 changed.as_mut().enable();
-                if self.ended.load(Ordering::SeqCst)
-                    || self.settled.load(Ordering::SeqCst) >= ordinal
-                {
-                    return;
+                if self.settled.load(Ordering::SeqCst) >= ordinal {
+                    return true;
+                }
+                if self.ended.load(Ordering::SeqCst) {
+                    return false;
                 }
                 changed.await;
             }
         };
-        let _ = tokio::time::timeout(within, wait).await;
+        tokio::time::timeout(within, wait).await.unwrap_or(false)
     }
 }
 
@@ -650,18 +651,19 @@ mod tests {
 
     const WITHIN: Duration = Duration::from_secs(1);
 
-    /// How long `ordinal`'s wait on `instance` lasted, `act` done on it once the wait began.
+    /// How long `ordinal`'s wait on `instance` lasted, `act` done on it once the wait began,
+    /// and whether the instance was found to live on past the request.
     async fn waited(
         instance: &Arc<ServingInstance>,
         ordinal: usize,
         act: impl FnOnce(&ServingInstance),
-    ) -> Duration {
+    ) -> (Duration, bool) {
         let waiting = tokio::spawn({
             let instance = Arc::clone(instance);
             async move {
                 let started = Instant::now();
-                instance.outcome(ordinal, WITHIN).await;
-                started.elapsed()
+                let lives_on = instance.outcome(ordinal, WITHIN).await;
+                (started.elapsed(), lives_on)
             }
         });
         tokio::task::yield_now().await;
@@ -675,10 +677,11 @@ mod tests {
         instance.taken.fetch_add(1, Ordering::SeqCst);
         assert_eq!(
             waited(&instance, 1, ServingInstance::settle).await,
-            Duration::ZERO
+            (Duration::ZERO, true)
         );
-        // Settled before the wait begins: no wait at all.
-        assert_eq!(waited(&instance, 1, |_| {}).await, Duration::ZERO);
+        // Settled before the wait begins: no wait at all. An end after does not change that.
+        instance.end(None);
+        assert_eq!(waited(&instance, 1, |_| {}).await, (Duration::ZERO, true));
     }
 
     #[tokio::test(start_paused = true)]
@@ -687,10 +690,10 @@ mod tests {
         instance.taken.fetch_add(1, Ordering::SeqCst);
         instance.settle();
         instance.taken.fetch_add(1, Ordering::SeqCst);
-        assert_eq!(waited(&instance, 2, |_| {}).await, WITHIN);
+        assert_eq!(waited(&instance, 2, |_| {}).await, (WITHIN, false));
         assert_eq!(
             waited(&instance, 2, |instance| instance.end(None)).await,
-            Duration::ZERO
+            (Duration::ZERO, false)
         );
     }
 
