@@ -122,6 +122,20 @@ async fn a_wasip3_guest_making_streams_without_end_is_stopped_at_the_handle_boun
 }
 
 #[tokio::test]
+async fn a_wasip3_request_may_hold_2048_handles_at_once_and_no_more() {
+    let host = p3_host(&[]);
+    // Two handles a stream, beside the few the request itself holds (its request, response,
+    // fields, body): 1,000 streams fit, 1,030 do not.
+    let (status, _) = get(&host, "/streams?n=1000").await;
+    assert_eq!(status, 200);
+    let (status, _) = get(&host, "/streams?n=1030").await;
+    assert_eq!(status, 500);
+    let failed = host.wait_for_log(|line| line["url.path"] == "/streams" && line["status"] == 500);
+    let cause = failed["error"].as_str().unwrap_or_default();
+    assert!(cause.contains("handle limit exceeded"), "{failed}");
+}
+
+#[tokio::test]
 async fn a_wasip3_guest_holding_requests_with_huge_authorities_is_stopped_at_its_memory_limit() {
     let host = p3_host(&[]);
     let idle = host.resident_bytes();
