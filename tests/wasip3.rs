@@ -523,6 +523,23 @@ async fn a_reused_instance_reads_a_request_body_whole_while_the_request_lasts() 
 }
 
 #[tokio::test]
+async fn a_wasip3_instance_fresh_or_reused_reads_a_request_body_whole() {
+    let reused = [
+        ("MAX_INSTANCE_REUSE_COUNT", "128"),
+        ("MAX_INSTANCE_CONCURRENT_REUSE_COUNT", "16"),
+    ];
+    for host in [p3_host(&[]), p3_host(&reused)] {
+        for length in [0, 1, 100_000, 1 << 20] {
+            let post = client().post(host.url("/length")).body(vec![b'x'; length]);
+            let response = post.send().await.unwrap();
+            assert_eq!(response.status(), 200);
+            let body: Value = response.json().await.unwrap();
+            assert_eq!(body["length"], length, "{body}");
+        }
+    }
+}
+
+#[tokio::test]
 async fn a_body_a_reused_instance_keeps_past_its_request_is_gone_with_the_request() {
     // The kept request's body, its bytes and their share of the host's body budget, belong to
     // the request: the guest reading it later finds nothing to read.
