@@ -57,9 +57,9 @@ pub(super) struct ReusedInstances {
     capacity: Arc<GuestCapacity>,
     /// Made with the first client request, whose context names the user store and metrics.
     handler: OnceLock<ProxyHandler<Instances>>,
-    /// Set once an instance was retired for a request it left unanswered: said once a guest,
-    /// not once an instance.
-    retired_one: AtomicBool,
+    /// Set once an instance was retired for a request it left unanswered: from then on each
+    /// instance of the guest serves one request, and the WARN is said once a guest.
+    one_request_each: Arc<AtomicBool>,
 }
 
 impl ReusedInstances {
@@ -79,7 +79,7 @@ impl ReusedInstances {
             limits,
             capacity,
             handler: OnceLock::new(),
-            retired_one: AtomicBool::new(false),
+            one_request_each: Arc::default(),
         }
     }
 
@@ -108,6 +108,7 @@ impl ReusedInstances {
                 capacity: Arc::clone(&self.capacity),
                 users: Arc::clone(context.users()),
                 metrics,
+                one_request_each: Arc::clone(&self.one_request_each),
             })
         });
         let record = Arc::clone(context.record());
@@ -159,12 +160,13 @@ impl ReusedInstances {
                 };
                 if let (RequestError::NoResponse, Some(served)) = (&failure, served)
                     && served.instance.retire()
-                    && !self.retired_one.swap(true, Ordering::Relaxed)
+                    && !self.one_request_each.swap(true, Ordering::Relaxed)
                 {
                     tracing::warn!(
                         "a reused instance returned without answering a request, and takes no \
-                         more, as will any other that does: a guest whose runtime answers one \
-                         request per instance (componentize-js's) cannot be reused"
+                         more; from now on each instance of this guest serves one request: a \
+                         guest whose runtime answers one request per instance (componentize-js's) \
+                         cannot be reused"
                     );
                 }
                 Err(failure)
@@ -367,6 +369,7 @@ struct Instances {
     capacity: Arc<GuestCapacity>,
     users: Arc<UserStore>,
     metrics: Arc<Metrics>,
+    one_request_each: Arc<AtomicBool>,
 }
 
 impl HandlerState for Instances {
@@ -430,6 +433,7 @@ impl HandlerState for Instances {
             },
             state: Worker {
                 reuse: self.reuse,
+                one_request_each: Arc::clone(&self.one_request_each),
                 request_timeout: self.limits.request_timeout,
                 instance,
                 _permit: permit,
@@ -442,6 +446,8 @@ impl HandlerState for Instances {
 /// its slot, given back after its store.
 struct Worker {
     reuse: InstanceReuse,
+    /// Set for the guest once one of its instances left a request unanswered.
+    one_request_each: Arc<AtomicBool>,
     request_timeout: Duration,
     instance: Arc<ServingInstance>,
     _permit: InstancePermit,
@@ -455,8 +461,13 @@ impl WorkerState for Worker {
         if concurrent == 0 {
             self.instance.settle();
         }
-        // An instance that left a request unanswered is broken: its requests go elsewhere.
-        if total >= self.reuse.requests as usize || self.instance.is_retired() {
+        // An instance that left a request unanswered is broken: its requests go elsewhere. A
+        // guest with one such instance likely breaks them all (a runtime that answers once per
+        // instance): the rest take one request each, which a fresh instance would answer.
+        if total >= self.reuse.requests as usize
+            || self.instance.is_retired()
+            || (total >= 1 && self.one_request_each.load(Ordering::Relaxed))
+        {
             ShouldAccept::Never
         } else if concurrent >= self.reuse.concurrent as usize {
             ShouldAccept::No
