@@ -14,7 +14,7 @@
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError, Weak};
 use std::task::{Context, Poll, ready};
 use std::time::{Duration, Instant};
@@ -57,9 +57,8 @@ pub(super) struct ReusedInstances {
     capacity: Arc<GuestCapacity>,
     /// Made with the first client request, whose context names the user store and metrics.
     handler: OnceLock<ProxyHandler<Instances>>,
-    /// Set once an instance was retired for a request it left unanswered: from then on each
-    /// instance of the guest serves one request, and the WARN is said once a guest.
-    one_request_each: Arc<AtomicBool>,
+    /// Whether its instances answer more than one request each.
+    answering: Arc<Answering>,
 }
 
 impl ReusedInstances {
@@ -79,7 +78,7 @@ impl ReusedInstances {
             limits,
             capacity,
             handler: OnceLock::new(),
-            one_request_each: Arc::default(),
+            answering: Arc::new(Answering::new()),
         }
     }
 
@@ -108,7 +107,7 @@ impl ReusedInstances {
                 capacity: Arc::clone(&self.capacity),
                 users: Arc::clone(context.users()),
                 metrics,
-                one_request_each: Arc::clone(&self.one_request_each),
+                answering: Arc::clone(&self.answering),
             })
         });
         let record = Arc::clone(context.record());
@@ -132,6 +131,9 @@ impl ReusedInstances {
         let served = ending.slot.served();
         match answer {
             Ok(response) => {
+                if let Some(served) = served {
+                    self.answering.answered(served.ordinal);
+                }
                 // The body ends by the deadline a fresh instance's would (`runtime::guest`).
                 let allowed = self.limits.request_timeout + Duration::from_secs(1);
                 let deadline = served.map_or_else(Instant::now, |served| served.accepted) + allowed;
@@ -160,18 +162,113 @@ impl ReusedInstances {
                 };
                 if let (RequestError::NoResponse, Some(served)) = (&failure, served)
                     && served.instance.retire()
-                    && !self.one_request_each.swap(true, Ordering::Relaxed)
                 {
-                    tracing::warn!(
-                        "a reused instance returned without answering a request, and takes no \
-                         more; from now on each instance of this guest serves one request: a \
-                         guest whose runtime answers one request per instance (componentize-js's) \
-                         cannot be reused"
-                    );
+                    self.answering.retired_unanswered();
                 }
                 Err(failure)
             }
         }
+    }
+}
+
+/// What a guest's reused instances have shown of answering more than one request each, shared
+/// by its workers. A runtime that answers only its instance's first request (componentize-js's)
+/// leaves every later one unanswered; once that is plain, each instance takes one request, and
+/// now and then one takes a second, which a guest that does answer it gets its reuse back by.
+struct Answering {
+    /// Set once an instance was retired for a request it left unanswered: said once a guest.
+    retired_one: AtomicBool,
+    /// Instances retired for a request they left unanswered.
+    retired: AtomicUsize,
+    /// Set once an instance has answered a request after its first.
+    answered_again: AtomicBool,
+    /// Set while each instance takes one request.
+    one_each: AtomicBool,
+    /// When an instance may next take a second request while `one_each` is set, in
+    /// milliseconds since `since`.
+    next_probe_ms: AtomicU64,
+    since: tokio::time::Instant,
+}
+
+/// Instances retired for leaving a request unanswered, while no instance of the guest has
+/// answered a request after its first, before each takes only one: a runtime that answers once
+/// per instance gets there within its first few requests.
+const UNANSWERED_BEFORE_ONE_EACH: usize = 3;
+/// How often, in milliseconds, while each instance takes one request, one may take a second: a
+/// guest pushed there by a route that never answers gets its reuse back within this, and one
+/// that answers once per instance fails one request in this.
+const ANSWERING_PROBE_PERIOD_MS: u64 = 10_000;
+
+impl Answering {
+    fn new() -> Answering {
+        Answering {
+            retired_one: AtomicBool::new(false),
+            retired: AtomicUsize::new(0),
+            answered_again: AtomicBool::new(false),
+            one_each: AtomicBool::new(false),
+            next_probe_ms: AtomicU64::new(0),
+            since: tokio::time::Instant::now(),
+        }
+    }
+
+    /// An instance answered its `ordinal`th request: past its first, the guest answers more
+    /// than once, for good.
+    fn answered(&self, ordinal: usize) {
+        if ordinal > 1 && !self.answered_again.load(Ordering::Relaxed) {
+            self.answered_again.store(true, Ordering::Relaxed);
+            if self.one_each.swap(false, Ordering::Relaxed) {
+                tracing::info!("a reused instance answered a second request: reused again");
+            }
+        }
+    }
+
+    /// Counts an instance retired for a request it left unanswered, and says so once a guest;
+    /// past [`UNANSWERED_BEFORE_ONE_EACH`] of them, while no instance has answered twice, each
+    /// instance takes one request from then on, and that is said too.
+    fn retired_unanswered(&self) {
+        if !self.retired_one.swap(true, Ordering::Relaxed) {
+            tracing::warn!(
+                "a reused instance returned without answering a request, and takes no more, as \
+                 will any other that does: a guest whose runtime answers one request per \
+                 instance (componentize-js's) cannot be reused"
+            );
+        }
+        let retired = self.retired.fetch_add(1, Ordering::Relaxed) + 1;
+        if retired >= UNANSWERED_BEFORE_ONE_EACH && !self.answered_again.load(Ordering::Relaxed) {
+            self.next_probe_ms
+                .store(self.millis() + ANSWERING_PROBE_PERIOD_MS, Ordering::Relaxed);
+            if !self.one_each.swap(true, Ordering::Relaxed) {
+                tracing::warn!(
+                    retired,
+                    "no reused instance of this guest has answered a request after its first: \
+                     each instance serves one request from now on, as a guest whose runtime \
+                     answers once per instance (componentize-js's) must; serve it fresh instead"
+                );
+            }
+        }
+    }
+
+    /// Whether an instance that has taken `total` requests may take another: always, unless
+    /// each takes one, and then once an [`ANSWERING_PROBE_PERIOD_MS`].
+    fn takes_another(&self, total: usize) -> bool {
+        if total == 0 || !self.one_each.load(Ordering::Relaxed) {
+            return true;
+        }
+        let (now, due) = (self.millis(), self.next_probe_ms.load(Ordering::Relaxed));
+        now >= due
+            && self
+                .next_probe_ms
+                .compare_exchange(
+                    due,
+                    now + ANSWERING_PROBE_PERIOD_MS,
+                    Ordering::Relaxed,
+                    Ordering::Relaxed,
+                )
+                .is_ok()
+    }
+
+    fn millis(&self) -> u64 {
+        u64::try_from(self.since.elapsed().as_millis()).unwrap_or(u64::MAX)
     }
 }
 
@@ -369,7 +466,7 @@ struct Instances {
     capacity: Arc<GuestCapacity>,
     users: Arc<UserStore>,
     metrics: Arc<Metrics>,
-    one_request_each: Arc<AtomicBool>,
+    answering: Arc<Answering>,
 }
 
 impl HandlerState for Instances {
@@ -433,7 +530,7 @@ impl HandlerState for Instances {
             },
             state: Worker {
                 reuse: self.reuse,
-                one_request_each: Arc::clone(&self.one_request_each),
+                answering: Arc::clone(&self.answering),
                 request_timeout: self.limits.request_timeout,
                 instance,
                 _permit: permit,
@@ -446,8 +543,8 @@ impl HandlerState for Instances {
 /// its slot, given back after its store.
 struct Worker {
     reuse: InstanceReuse,
-    /// Set for the guest once one of its instances left a request unanswered.
-    one_request_each: Arc<AtomicBool>,
+    /// Whether the guest's instances answer more than one request each.
+    answering: Arc<Answering>,
     request_timeout: Duration,
     instance: Arc<ServingInstance>,
     _permit: InstancePermit,
@@ -462,11 +559,10 @@ impl WorkerState for Worker {
             self.instance.settle();
         }
         // An instance that left a request unanswered is broken: its requests go elsewhere. A
-        // guest with one such instance likely breaks them all (a runtime that answers once per
-        // instance): the rest take one request each, which a fresh instance would answer.
+        // guest that answers once per instance takes one request an instance.
         if total >= self.reuse.requests as usize
             || self.instance.is_retired()
-            || (total >= 1 && self.one_request_each.load(Ordering::Relaxed))
+            || !self.answering.takes_another(total)
         {
             ShouldAccept::Never
         } else if concurrent >= self.reuse.concurrent as usize {
@@ -543,5 +639,55 @@ impl WorkerExpiration for Expiry {
             expiry.instance.expired.store(true, Ordering::SeqCst);
         }
         Poll::Ready(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn retired(answering: &Answering, times: usize) {
+        for _ in 0..times {
+            answering.retired_unanswered();
+        }
+    }
+
+    #[test]
+    fn a_guest_none_of_whose_instances_answers_twice_gets_one_request_an_instance_after_three_retirements()
+     {
+        let answering = Answering::new();
+        retired(&answering, 2);
+        assert!(answering.takes_another(1));
+        retired(&answering, 1);
+        assert!(!answering.takes_another(1));
+        assert!(answering.takes_another(0), "a new instance takes its first");
+    }
+
+    #[test]
+    fn a_guest_one_of_whose_instances_answered_twice_stays_reused_whatever_is_left_unanswered() {
+        let answering = Answering::new();
+        answering.answered(1);
+        retired(&answering, 2);
+        answering.answered(2);
+        retired(&answering, 10);
+        assert!(answering.takes_another(1));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn one_request_an_instance_lets_one_take_a_second_each_period_and_its_answer_ends_it() {
+        let answering = Answering::new();
+        retired(&answering, 3);
+        assert!(!answering.takes_another(1));
+        tokio::time::advance(Duration::from_millis(ANSWERING_PROBE_PERIOD_MS - 1)).await;
+        assert!(!answering.takes_another(1));
+        tokio::time::advance(Duration::from_millis(1)).await;
+        assert!(
+            answering.takes_another(1),
+            "the period is over: one may take a second"
+        );
+        assert!(!answering.takes_another(1), "one, not every one");
+        answering.answered(2);
+        assert!(answering.takes_another(1));
+        assert!(answering.takes_another(5));
     }
 }
