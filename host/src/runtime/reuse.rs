@@ -174,7 +174,7 @@ impl ReusedInstances {
 /// What a guest's reused instances have shown of answering more than one request each, shared
 /// by its workers. A runtime that answers only its instance's first request (componentize-js's)
 /// leaves every later one unanswered; once that is plain, each instance takes one request, and
-/// now and then one takes a second, which a guest that does answer it gets its reuse back by.
+/// now and then one may take a second: an answer to it restores reuse for good.
 struct Answering {
     /// Set once an instance was retired for a request it left unanswered: said once a guest.
     retired_one: AtomicBool,
@@ -187,6 +187,7 @@ struct Answering {
     /// When an instance may next take a second request while `one_each` is set, in
     /// milliseconds since `since`.
     next_probe_ms: AtomicU64,
+    /// Tokio's clock, so that tests can move it.
     since: tokio::time::Instant,
 }
 
@@ -234,9 +235,15 @@ impl Answering {
             );
         }
         let retired = self.retired.fetch_add(1, Ordering::Relaxed) + 1;
-        if retired >= UNANSWERED_BEFORE_ONE_EACH && !self.answered_again.load(Ordering::Relaxed) {
-            self.next_probe_ms
-                .store(self.millis() + ANSWERING_PROBE_PERIOD_MS, Ordering::Relaxed);
+        if retired >= UNANSWERED_BEFORE_ONE_EACH
+            && !self.answered_again.load(Ordering::Relaxed)
+            && !self.one_each.load(Ordering::Relaxed)
+        {
+            // Set once, when the mode begins: later failures do not put the next probe off.
+            self.next_probe_ms.store(
+                self.millis().saturating_add(ANSWERING_PROBE_PERIOD_MS),
+                Ordering::Relaxed,
+            );
             if !self.one_each.swap(true, Ordering::Relaxed) {
                 tracing::warn!(
                     retired,
@@ -248,25 +255,29 @@ impl Answering {
         }
     }
 
-    /// Whether an instance that has taken `total` requests may take another: always, unless
-    /// each takes one, and then once an [`ANSWERING_PROBE_PERIOD_MS`].
-    fn takes_another(&self, total: usize) -> bool {
-        if total == 0 || !self.one_each.load(Ordering::Relaxed) {
-            return true;
-        }
+    /// Whether each instance takes one request now. An answer twice wins over the mode, which
+    /// a retirement racing that answer may have set just after it.
+    fn one_each(&self) -> bool {
+        self.one_each.load(Ordering::Relaxed) && !self.answered_again.load(Ordering::Relaxed)
+    }
+
+    /// Whether an instance may take a second request while each takes one: once an
+    /// [`ANSWERING_PROBE_PERIOD_MS`], to the first instance that asks.
+    fn probe_due(&self) -> bool {
         let (now, due) = (self.millis(), self.next_probe_ms.load(Ordering::Relaxed));
         now >= due
             && self
                 .next_probe_ms
                 .compare_exchange(
                     due,
-                    now + ANSWERING_PROBE_PERIOD_MS,
+                    now.saturating_add(ANSWERING_PROBE_PERIOD_MS),
                     Ordering::Relaxed,
                     Ordering::Relaxed,
                 )
                 .is_ok()
     }
 
+    /// Milliseconds since the guest was loaded.
     fn millis(&self) -> u64 {
         u64::try_from(self.since.elapsed().as_millis()).unwrap_or(u64::MAX)
     }
@@ -531,6 +542,7 @@ impl HandlerState for Instances {
             state: Worker {
                 reuse: self.reuse,
                 answering: Arc::clone(&self.answering),
+                granted_another: AtomicBool::new(false),
                 request_timeout: self.limits.request_timeout,
                 instance,
                 _permit: permit,
@@ -545,9 +557,29 @@ struct Worker {
     reuse: InstanceReuse,
     /// Whether the guest's instances answer more than one request each.
     answering: Arc<Answering>,
+    /// Set once this instance was let take requests past its first while each takes one. The
+    /// handler asks at every turn of the worker's loop, idle ones too, so the grant is kept for
+    /// the instance's life rather than asked for again (and lost) at the next turn.
+    granted_another: AtomicBool,
     request_timeout: Duration,
     instance: Arc<ServingInstance>,
     _permit: InstancePermit,
+}
+
+impl Worker {
+    /// Whether the instance may take a request after its `total`: always, unless each instance
+    /// of the guest takes one, and then with a probe's grant, kept once had.
+    fn takes_another(&self, total: usize) -> bool {
+        if total == 0 || !self.answering.one_each() || self.granted_another.load(Ordering::Relaxed)
+        {
+            return true;
+        }
+        let granted = self.answering.probe_due();
+        if granted {
+            self.granted_another.store(true, Ordering::Relaxed);
+        }
+        granted
+    }
 }
 
 impl WorkerState for Worker {
@@ -560,13 +592,12 @@ impl WorkerState for Worker {
         }
         // An instance that left a request unanswered is broken: its requests go elsewhere. A
         // guest that answers once per instance takes one request an instance.
-        if total >= self.reuse.requests as usize
-            || self.instance.is_retired()
-            || !self.answering.takes_another(total)
-        {
+        if total >= self.reuse.requests as usize || self.instance.is_retired() {
             ShouldAccept::Never
         } else if concurrent >= self.reuse.concurrent as usize {
             ShouldAccept::No
+        } else if !self.takes_another(total) {
+            ShouldAccept::Never
         } else {
             ShouldAccept::Yes
         }
@@ -657,10 +688,9 @@ mod tests {
      {
         let answering = Answering::new();
         retired(&answering, 2);
-        assert!(answering.takes_another(1));
+        assert!(!answering.one_each());
         retired(&answering, 1);
-        assert!(!answering.takes_another(1));
-        assert!(answering.takes_another(0), "a new instance takes its first");
+        assert!(answering.one_each());
     }
 
     #[test]
@@ -670,24 +700,35 @@ mod tests {
         retired(&answering, 2);
         answering.answered(2);
         retired(&answering, 10);
-        assert!(answering.takes_another(1));
+        assert!(!answering.one_each());
     }
 
     #[tokio::test(start_paused = true)]
     async fn one_request_an_instance_lets_one_take_a_second_each_period_and_its_answer_ends_it() {
         let answering = Answering::new();
         retired(&answering, 3);
-        assert!(!answering.takes_another(1));
+        assert!(!answering.probe_due());
         tokio::time::advance(Duration::from_millis(ANSWERING_PROBE_PERIOD_MS - 1)).await;
-        assert!(!answering.takes_another(1));
+        // Failures meanwhile do not put the probe off.
+        retired(&answering, 1);
+        assert!(!answering.probe_due());
         tokio::time::advance(Duration::from_millis(1)).await;
         assert!(
-            answering.takes_another(1),
+            answering.probe_due(),
             "the period is over: one may take a second"
         );
-        assert!(!answering.takes_another(1), "one, not every one");
+        assert!(!answering.probe_due(), "one, not every one");
         answering.answered(2);
-        assert!(answering.takes_another(1));
-        assert!(answering.takes_another(5));
+        assert!(!answering.one_each());
+    }
+
+    #[test]
+    fn an_answer_twice_wins_over_the_mode_set_after_it() {
+        let answering = Answering::new();
+        retired(&answering, 3);
+        answering.answered(2);
+        // A retirement that read `answered_again` before the answer sets the mode after it.
+        answering.one_each.store(true, Ordering::Relaxed);
+        assert!(!answering.one_each());
     }
 }
