@@ -465,7 +465,12 @@ async fn down_to_one_request_an_instance(host: &Host) {
 #[tokio::test]
 async fn a_guest_down_to_one_request_an_instance_is_reused_again_once_one_answers_a_second_after_10_s()
  {
-    let host = hostile_host(&[("MAX_INSTANCE_REUSE_COUNT", "100")]);
+    // An idle timeout long enough that the instance granted a second request still waits for
+    // it on a slow machine.
+    let host = hostile_host(&[
+        ("MAX_INSTANCE_REUSE_COUNT", "100"),
+        ("IDLE_INSTANCE_TIMEOUT_MS", "30000"),
+    ]);
     down_to_one_request_an_instance(&host).await;
     assert_eq!(get(&host, "/remember").await, (200, remembered(0)));
     assert_eq!(get(&host, "/remember").await, (200, remembered(0)));
