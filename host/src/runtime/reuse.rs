@@ -176,16 +176,12 @@ impl ReusedInstances {
 /// leaves every later one unanswered; once that is plain, each instance takes one request, and
 /// now and then one may take a second: an answer to it restores reuse for good.
 struct Answering {
-    /// Set once an instance was retired for a request it left unanswered: said once a guest.
-    retired_one: AtomicBool,
     /// Instances retired for a request they left unanswered.
     retired: AtomicUsize,
-    /// Set once an instance has answered a request after its first.
+    /// Set once an instance has answered a request after its first: for good.
     answered_again: AtomicBool,
-    /// Set while each instance takes one request.
-    one_each: AtomicBool,
-    /// When an instance may next take a second request while `one_each` is set, in
-    /// milliseconds since `since`.
+    /// When an instance may next take a second request while each takes one, in milliseconds
+    /// since `since`.
     next_probe_ms: AtomicU64,
     /// Tokio's clock, so that tests can move it.
     since: tokio::time::Instant,
@@ -203,10 +199,8 @@ const ANSWERING_PROBE_PERIOD_MS: u64 = 10_000;
 impl Answering {
     fn new() -> Answering {
         Answering {
-            retired_one: AtomicBool::new(false),
             retired: AtomicUsize::new(0),
             answered_again: AtomicBool::new(false),
-            one_each: AtomicBool::new(false),
             next_probe_ms: AtomicU64::new(0),
             since: tokio::time::Instant::now(),
         }
@@ -215,11 +209,12 @@ impl Answering {
     /// An instance answered its `ordinal`th request: past its first, the guest answers more
     /// than once, for good.
     fn answered(&self, ordinal: usize) {
-        if ordinal > 1 && !self.answered_again.load(Ordering::Relaxed) {
-            self.answered_again.store(true, Ordering::Relaxed);
-            if self.one_each.swap(false, Ordering::Relaxed) {
-                tracing::info!("a reused instance answered a second request: reused again");
-            }
+        if ordinal > 1
+            && !self.answered_again.load(Ordering::Relaxed)
+            && !self.answered_again.swap(true, Ordering::Relaxed)
+            && self.retired.load(Ordering::Relaxed) >= UNANSWERED_BEFORE_ONE_EACH
+        {
+            tracing::info!("a reused instance answered a second request: reused again");
         }
     }
 
@@ -227,38 +222,34 @@ impl Answering {
     /// past [`UNANSWERED_BEFORE_ONE_EACH`] of them, while no instance has answered twice, each
     /// instance takes one request from then on, and that is said too.
     fn retired_unanswered(&self) {
-        if !self.retired_one.swap(true, Ordering::Relaxed) {
+        let retired = self.retired.fetch_add(1, Ordering::Relaxed) + 1;
+        if retired == 1 {
             tracing::warn!(
                 "a reused instance returned without answering a request, and takes no more, as \
                  will any other that does: a guest whose runtime answers one request per \
                  instance (componentize-js's) cannot be reused"
             );
         }
-        let retired = self.retired.fetch_add(1, Ordering::Relaxed) + 1;
-        if retired >= UNANSWERED_BEFORE_ONE_EACH
-            && !self.answered_again.load(Ordering::Relaxed)
-            && !self.one_each.load(Ordering::Relaxed)
-        {
+        if retired == UNANSWERED_BEFORE_ONE_EACH && !self.answered_again.load(Ordering::Relaxed) {
             // Set once, when the mode begins: later failures do not put the next probe off.
             self.next_probe_ms.store(
                 self.millis().saturating_add(ANSWERING_PROBE_PERIOD_MS),
                 Ordering::Relaxed,
             );
-            if !self.one_each.swap(true, Ordering::Relaxed) {
-                tracing::warn!(
-                    retired,
-                    "no reused instance of this guest has answered a request after its first: \
-                     each instance serves one request from now on, as a guest whose runtime \
-                     answers once per instance (componentize-js's) must; serve it fresh instead"
-                );
-            }
+            tracing::warn!(
+                retired,
+                "no reused instance of this guest has answered a request after its first: each \
+                 instance serves one request from now on, as a guest whose runtime answers once \
+                 per instance (componentize-js's) must; serve it fresh instead"
+            );
         }
     }
 
-    /// Whether each instance takes one request now. An answer twice wins over the mode, which
-    /// a retirement racing that answer may have set just after it.
+    /// Whether each instance takes one request now: enough were retired unanswered, and none
+    /// has answered twice, before or since.
     fn one_each(&self) -> bool {
-        self.one_each.load(Ordering::Relaxed) && !self.answered_again.load(Ordering::Relaxed)
+        self.retired.load(Ordering::Relaxed) >= UNANSWERED_BEFORE_ONE_EACH
+            && !self.answered_again.load(Ordering::Relaxed)
     }
 
     /// Whether an instance may take a second request while each takes one: once an
@@ -723,12 +714,11 @@ mod tests {
     }
 
     #[test]
-    fn an_answer_twice_wins_over_the_mode_set_after_it() {
+    fn an_answer_twice_wins_over_the_third_retirement_after_it() {
         let answering = Answering::new();
-        retired(&answering, 3);
+        retired(&answering, 2);
         answering.answered(2);
-        // A retirement that read `answered_again` before the answer sets the mode after it.
-        answering.one_each.store(true, Ordering::Relaxed);
+        retired(&answering, 1);
         assert!(!answering.one_each());
     }
 }
