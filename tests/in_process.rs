@@ -51,6 +51,7 @@ impl InProcess {
                 body_timeout: Duration::from_secs(10),
                 body_buffer_bytes: BODY_BUFFER_BYTES,
                 max_connections,
+                response_stall: Duration::from_secs(10),
             },
         ));
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();

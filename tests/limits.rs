@@ -53,6 +53,72 @@ async fn a_looping_guest_is_stopped_at_the_deadline_with_503() {
 }
 
 #[tokio::test]
+async fn a_body_that_makes_progress_is_sent_whole_past_the_deadline() {
+    // 31 values, one every 100 ms: 3 s of body against a 500 ms deadline and a 1 s stall bound.
+    let host = hostile_host(&[("REQUEST_TIMEOUT_MS", "500"), ("RESPONSE_STALL_MS", "1000")]);
+    let started = Instant::now();
+    let (status, body) = get(&host, "/trickle").await;
+    assert_eq!(status, 200);
+    assert_eq!(body, json!([0; 31]), "the body, after {:?}", started.elapsed());
+    assert!(started.elapsed() > Duration::from_millis(2500));
+    let errors = host.log_lines_where(|line| line["level"] == "ERROR");
+    assert!(errors.is_empty(), "{errors:#?}");
+}
+
+/// Sends `GET path` and reads until the host closes the connection: a body cut short.
+async fn read_until_cut(host: &Host, path: &str) -> (String, Duration) {
+    let started = Instant::now();
+    let request = format!("GET {path} HTTP/1.1\r\nHost: t\r\n\r\n");
+    let answer = raw_request(host.authority(), request.as_bytes()).await;
+    (answer, started.elapsed())
+}
+
+/// The ERROR line of a body cut short, which names the bound that cut it.
+fn cut_line(host: &Host) -> Value {
+    host.wait_for_log(|line| {
+        line["level"] == "ERROR"
+            && line["message"] == "guest failed while streaming its body; response cut short"
+    })
+}
+
+#[tokio::test]
+async fn a_guest_that_streams_for_ever_is_stopped_at_the_response_timeout() {
+    let host = hostile_host(&[("RESPONSE_TIMEOUT_MS", "1500"), ("RESPONSE_STALL_MS", "1000")]);
+    let (answer, took) = read_until_cut(&host, "/stream-forever").await;
+    assert!(answer.starts_with("HTTP/1.1 200"), "{}", &answer[..answer.len().min(200)]);
+    assert!(!answer.ends_with("0\r\n\r\n"), "a cut body ended like a whole one");
+    assert!(
+        took >= Duration::from_millis(1500) && took < Duration::from_secs(10),
+        "cut after {took:?}"
+    );
+    let line = cut_line(&host);
+    let error = line["error"].as_str().unwrap();
+    assert!(error.contains("--response-timeout-ms"), "{line}");
+    assert!(line["request_id"].is_string(), "{line}");
+    assert_still_serving(&host).await;
+}
+
+#[tokio::test]
+async fn a_guest_that_stops_writing_mid_body_is_cut_at_the_stall_bound() {
+    let host = hostile_host(&[("RESPONSE_STALL_MS", "1000")]);
+    let (answer, took) = read_until_cut(&host, "/stall-mid-body").await;
+    assert!(answer.starts_with("HTTP/1.1 200"), "{}", &answer[..answer.len().min(200)]);
+    assert!(answer.contains("[0,"), "{answer}");
+    assert!(!answer.ends_with("0\r\n\r\n"), "a cut body ended like a whole one");
+    // Well before the 10 s deadline, which no longer bounds a body.
+    assert!(
+        took >= Duration::from_secs(1) && took < Duration::from_secs(8),
+        "cut after {took:?}"
+    );
+    let line = cut_line(&host);
+    assert!(
+        line["error"].as_str().unwrap().contains("--response-stall-ms"),
+        "{line}"
+    );
+    assert_still_serving(&host).await;
+}
+
+#[tokio::test]
 async fn metrics_and_health_answer_while_guests_loop_on_every_core() {
     let host = hostile_host(&[("REQUEST_TIMEOUT_MS", "4000")]);
     let loops: Vec<_> = (0..2)
@@ -779,7 +845,7 @@ async fn connections_over_the_cap_all_being_answered_get_503_and_the_host_serves
 #[tokio::test]
 async fn a_client_that_never_reads_its_answers_loses_its_connection() {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let host = hostile_host(&[]);
+    let host = hostile_host(&[("RESPONSE_STALL_MS", "2000")]);
     let mut stalled = tokio::net::TcpStream::connect(host.authority())
         .await
         .unwrap();
@@ -787,9 +853,9 @@ async fn a_client_that_never_reads_its_answers_loses_its_connection() {
     let requests = b"GET /metrics HTTP/1.1\r\nHost: t\r\n\r\n".repeat(1000);
     let (mut reader, mut writer) = stalled.split();
     let _ = tokio::time::timeout(Duration::from_secs(2), writer.write_all(&requests)).await;
-    // Past the host's write stall time (10 s) the connection is closed: reading now finds an
-    // end long before the thousandth answer.
-    tokio::time::sleep(host::edge::server::WRITE_STALL_TIMEOUT + Duration::from_secs(2)).await;
+    // Past the host's stall bound (`--response-stall-ms`, 2 s here) the connection is closed:
+    // reading now finds an end long before the thousandth answer.
+    tokio::time::sleep(Duration::from_secs(4)).await;
     let mut answers = Vec::new();
     let read =
         tokio::time::timeout(Duration::from_secs(20), reader.read_to_end(&mut answers)).await;

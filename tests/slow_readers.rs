@@ -15,7 +15,7 @@ static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(())
 /// 300 clients ask for a list of 40,000 users and never read it (the attack that once took every
 /// slot). Each holds a streaming slot, not one of the slots new requests need, so `GET /api/health`
 /// stays 200 and is served (not kept waiting for a slot or a timeout) the whole time (the
-/// readers' instances are dropped at the deadline), and the host's memory grows by a bounded
+/// readers' instances are dropped at the stall bound), and the host's memory grows by a bounded
 /// amount. How fast health stays is measured by `make bench`, not here: a timed assertion on a
 /// busy CI machine is a flaky test.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -26,8 +26,8 @@ async fn hundreds_of_slow_readers_leave_health_fast_and_memory_bounded() {
     create_many(&host, 40_000, 64, "Some User").await;
     let idle = host.resident_bytes();
     let peak = PeakResident::start(&host);
-    // Health is asked every 20 ms from before the first slow reader until past the deadline
-    // (10 s) and its 1 s backstop, when their instances are dropped.
+    // Health is asked every 20 ms from before the first slow reader until past the stall bound
+    // (10 s), when their connections are closed and their instances dropped.
     let health = {
         let url = host.url("/api/health");
         tokio::spawn(async move {
@@ -58,7 +58,7 @@ async fn hundreds_of_slow_readers_leave_health_fast_and_memory_bounded() {
         idle >> 20,
         peak >> 20
     );
-    // Served, not queued behind a slot's 1 s wait or a 10 s deadline.
+    // Served, not queued behind a slot's 1 s wait or a 10 s stall.
     assert!(slowest < Duration::from_secs(1), "{slowest:?}");
     assert!(
         peak < idle + (512 << 20),
@@ -78,7 +78,7 @@ const PER_READER_BYTES: u64 = 1 << 20;
 /// the largest size (375 KB) and never read it, while a fresh client on 127.0.0.3 asks for
 /// health every 200 ms: every probe is answered 200 within a second, because the instances
 /// writing to non-readers beyond the streaming slots are stopped for fresh requests instead of
-/// holding the running slots until their deadline. The crowds' memory is bounded by the slots,
+/// holding the running slots until their stall bound. The crowds' memory is bounded by the slots,
 /// not by their number.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn crowds_of_clients_that_never_read_leave_fresh_requests_their_slots() {

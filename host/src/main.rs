@@ -114,7 +114,7 @@ async fn run(config: Config, telemetry: &Telemetry) -> anyhow::Result<()> {
             Arc::clone(&serving),
             users,
             Arc::clone(&metrics),
-            config.edge.client_limits(),
+            config.edge.client_limits(config.runtime.response_stall()),
         )
         .with_host_pages(config.edge.host_pages()),
     );

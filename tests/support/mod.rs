@@ -517,6 +517,16 @@ pub fn client() -> reqwest::Client {
         .unwrap()
 }
 
+/// [`client`] from the loopback address `from`, so the host sees another peer.
+pub fn client_from(from: [u8; 4]) -> reqwest::Client {
+    reqwest::Client::builder()
+        .no_proxy()
+        .local_address(std::net::IpAddr::from(from))
+        .timeout(Duration::from_secs(60))
+        .build()
+        .unwrap()
+}
+
 /// Creates a user through the API and returns it as the host answered it.
 pub async fn create_user(host: &Host, name: &str, email: &str) -> serde_json::Value {
     let body = serde_json::json!({ "name": name, "email": email });

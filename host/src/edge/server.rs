@@ -40,8 +40,6 @@ use crate::user_store::UserStore;
 pub const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 /// The longest client-supplied request id that is kept.
 pub const MAX_REQUEST_ID_LEN: usize = 128;
-/// How long a client may accept none of a response before it is disconnected.
-pub const WRITE_STALL_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long a client may take to send a request's head; a slower one is disconnected.
 pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long a `/metrics` scrape waits for the store's user count before it serves the last one.
@@ -84,6 +82,9 @@ pub struct ClientLimits {
     /// Connections served at once; when full, one that is not being answered gives way to a
     /// newcomer (see [`crate::edge::connections`]), and only otherwise is the newcomer answered 503.
     pub max_connections: usize,
+    /// How long a client may accept none of a response before it is disconnected
+    /// (`--response-stall-ms`).
+    pub response_stall: Duration,
 }
 
 impl App {
@@ -484,6 +485,7 @@ pub async fn serve(listener: TcpListener, app: Arc<App>, shutdown: impl Future<O
             continue;
         };
         let linger = Linger::for_body_limit(app.limits.max_body_bytes);
+        let response_stall = app.limits.response_stall;
         let app = Arc::clone(&app);
         let connection_ticket = Arc::clone(&ticket);
         let drain_on_close = DrainOnClose::default();
@@ -516,7 +518,7 @@ pub async fn serve(listener: TcpListener, app: Arc<App>, shutdown: impl Future<O
             .serve_connection(
                 TokioIo::new(ClientStream::new(
                     stream,
-                    WRITE_STALL_TIMEOUT,
+                    response_stall,
                     drain_on_close,
                     linger,
                 )),

@@ -84,8 +84,9 @@ impl EdgeSettings {
         }
     }
 
-    /// What one client may use of the host.
-    pub fn client_limits(&self) -> ClientLimits {
+    /// What one client may use of the host, a response to it making no progress for at most
+    /// `response_stall`.
+    pub fn client_limits(&self, response_stall: Duration) -> ClientLimits {
         ClientLimits {
             max_body_bytes: self.max_body_bytes,
             body_timeout: Duration::from_millis(self.body_timeout_ms),
@@ -93,6 +94,7 @@ impl EdgeSettings {
             max_connections: self
                 .max_connections
                 .unwrap_or_else(|| default_cap(machine_memory())),
+            response_stall,
         }
     }
 }

@@ -39,8 +39,10 @@ pub const GUEST_STACK_BYTES: usize = 2 << 20;
 /// What one guest instance may use.
 #[derive(Debug, Clone, Copy)]
 pub struct GuestLimits {
-    /// Wall-clock time one request may run inside the guest.
+    /// Wall-clock time one request may run inside the guest before its response head.
     pub request_timeout: Duration,
+    /// What bounds a response's body once its head is out.
+    pub body: BodyBounds,
     /// Linear memory one instance may grow to.
     pub memory_bytes: usize,
     /// Linear memory all instances together may grow to; past it a `memory.grow` fails and an
@@ -55,6 +57,17 @@ pub struct GuestLimits {
     pub max_streaming: u32,
     /// How a WASIp3 guest's instances are reused; by default not at all.
     pub reuse: InstanceReuse,
+}
+
+/// What bounds a guest's response body, whose head has gone out, instead of the deadline: a
+/// body that makes progress on both sides streams until `timeout`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BodyBounds {
+    /// How long it may stream in all.
+    pub timeout: Duration,
+    /// How long it may make no progress: its guest writing none of it, or its client reading
+    /// none.
+    pub stall: Duration,
 }
 
 /// `--max-instance-reuse-count` and its two companions.

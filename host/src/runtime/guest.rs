@@ -4,6 +4,7 @@
 //! around the call is the same for both.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use http_body_util::BodyExt;
@@ -35,6 +36,28 @@ use crate::runtime::store::{Outbound, RequestContext, RequestState, new_store};
 #[derive(Debug, thiserror::Error)]
 #[error("the request's deadline passed")]
 struct DeadlineExceeded;
+
+/// A fresh instance's deadline, which holds only until its response head is out: the body's
+/// own bounds ([`GuestBody`]) stop it after that.
+struct HeadDeadline {
+    at: Instant,
+    head_out: AtomicBool,
+}
+
+impl HeadDeadline {
+    /// Whether the deadline has passed with the head not yet out.
+    fn passed(&self) -> bool {
+        !self.head_out.load(Ordering::Relaxed) && Instant::now() >= self.at
+    }
+
+    /// Ends `backstop` past the deadline, unless the head is out by then.
+    async fn backstop(&self, backstop: Duration) {
+        tokio::time::sleep_until((self.at + backstop).into()).await;
+        if self.head_out.load(Ordering::Relaxed) {
+            std::future::pending::<()>().await;
+        }
+    }
+}
 
 /// A guest's export that answers requests, linked and ready to be instantiated.
 #[derive(Clone)]
@@ -189,7 +212,10 @@ impl Guest {
         let body_metrics = metrics.clone();
         let record = Arc::clone(context.record());
         let cost_report = context.cost_report();
-        let deadline = Instant::now() + self.limits.request_timeout;
+        let deadline = Arc::new(HeadDeadline {
+            at: Instant::now() + self.limits.request_timeout,
+            head_out: AtomicBool::new(false),
+        });
         let mut store = new_store(
             self.pre.engine(),
             context,
@@ -198,13 +224,14 @@ impl Guest {
             held,
             Outbound {
                 rules: Arc::clone(&self.outbound),
-                deadline,
+                deadline: deadline.at,
             },
         );
-        // Every tick the guest yields its thread; past the deadline it traps.
+        // Every tick the guest yields its thread; past the deadline, its head not out, it traps.
         store.set_epoch_deadline(1);
+        let epoch_deadline = Arc::clone(&deadline);
         store.epoch_deadline_callback(move |_| {
-            if Instant::now() >= deadline {
+            if epoch_deadline.passed() {
                 Err(DeadlineExceeded.into())
             } else {
                 Ok(UpdateDeadline::Yield(1))
@@ -212,9 +239,10 @@ impl Guest {
         });
         let (call, answer) =
             Call::new(&self.pre, &mut store, request).map_err(RequestError::Setup)?;
-        // A guest blocked in a host call (a client that does not read its body, a slow store)
-        // cannot be interrupted by epochs: this is the backstop, for the whole exchange.
-        let backstop = self.limits.request_timeout + Duration::from_secs(1);
+        // A guest blocked in a host call (a slow store) cannot be interrupted by epochs: this is
+        // the backstop, until the head is out.
+        let backstop = Duration::from_secs(1);
+        let task_deadline = Arc::clone(&deadline);
         let instance_permit = permit.clone();
         // Read once the instance has ended, to tell the host's shortage from the guest's fault.
         let spent = Arc::clone(&record);
@@ -237,25 +265,29 @@ impl Guest {
                 };
                 call.run(&mut store, started, instantiated).await
             };
-            tokio::time::timeout(backstop, timed(exchange, &record.cost))
-                .await
-                .unwrap_or_else(|_| Err(DeadlineExceeded.into()))
+            tokio::select! {
+                outcome = timed(exchange, &record.cost) => outcome,
+                () = task_deadline.backstop(backstop) => Err(DeadlineExceeded.into()),
+            }
         });
         // Lines written in the task (by wasmtime-wasi-http, the store's drivers) carry the
         // request's fields, and go out as log records with its ids: its OpenTelemetry context
         // is the current one here.
         let instance = in_log_context(instance, opentelemetry::Context::current);
         let task = tokio::spawn(in_current_request(instance));
-        let Ok(answer) = tokio::time::timeout(backstop, answer.receive()).await else {
+        let until_backstop = self.limits.request_timeout + backstop;
+        let Ok(answer) = tokio::time::timeout(until_backstop, answer.receive()).await else {
             task.abort();
             return Err(RequestError::Timeout);
         };
         match answer {
             Ok(Ok(response)) => {
+                deadline.head_out.store(true, Ordering::Relaxed);
                 self.capacity
                     .slots
                     .start_streaming(&permit, task.abort_handle());
-                Ok(response.map(|body| GuestBody::new(body, task, body_metrics)))
+                let bounds = self.limits.body;
+                Ok(response.map(|body| GuestBody::new(body, task, bounds, body_metrics)))
             }
             Ok(Err(code)) => Err(RequestError::ErrorCode(code)),
             // The sender is dropped with the store: the task has ended without a response.

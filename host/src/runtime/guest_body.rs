@@ -1,55 +1,174 @@
-//! A guest's response body that ends only when the guest's task has ended well.
+//! A guest's response body: bounded by progress once its head is out, and ended only when the
+//! guest's task has ended well.
 
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 
 use bytes::Bytes;
 use opentelemetry::trace::TraceContextExt;
+use tokio::time::{Instant, Sleep};
 
 use crate::error::one_line;
 use crate::observability::metrics::{Metrics, TRAP_MOMENTS};
 use crate::observability::request_fields::{self, RequestFields};
 use crate::observability::request_span::log_records_exported;
+use crate::runtime::capacity::BodyBounds;
 use crate::runtime::store::ServingInstance;
 use wasmtime_wasi_http::p2::body::HyperOutgoingBody;
 
-/// A guest's response body that ends only when the guest's task has ended well.
+/// A guest's response body, bounded by progress instead of the request's deadline, that ends
+/// only when the guest's task has ended well.
 ///
-/// wasmtime-wasi-http ends a body normally when its instance goes away mid-stream (a trap, the
-/// deadline): with chunked encoding the client would see a cut-short body as complete. Here the
-/// end of the body waits for the task's outcome, and a failed task turns it into an error, so
-/// hyper breaks the connection instead. A body dropped before its end (a `HEAD`, a client gone)
-/// leaves a watcher on the task: a guest that fails then is logged and counted all the same.
+/// Once the head is out, the body streams as long as both sides make progress: it is cut when
+/// the guest writes none of it for [`BodyBounds::stall`] (hyper asks for a frame and none comes),
+/// when the client reads none of it for as long (hyper stops asking, and the connection's write
+/// stall closes it), or when it has streamed for [`BodyBounds::timeout`]. Each cut stops the
+/// instance and says which bound in its log line.
+///
+/// wasmtime-wasi-http ends a body normally when its instance goes away mid-stream: with chunked
+/// encoding the client would see a cut-short body as complete. Here the end of the body waits
+/// for the task's outcome, and a failed task turns it into an error, so hyper breaks the
+/// connection instead. A body dropped before its end (a `HEAD`, a client gone) leaves a watcher
+/// on the task, which gives it a stall's time to end: a guest that fails then is logged and
+/// counted all the same.
 pub struct GuestBody {
     inner: HyperOutgoingBody,
+    /// The fresh instance's task; `None` for a reused instance, or once it has ended.
     task: Option<tokio::task::JoinHandle<wasmtime::Result<()>>>,
-    failure: FailureReport,
+    report: CutReport,
     /// What ends with the body of a reused instance's request (`runtime::reuse`).
     _request: Option<Box<dyn Send>>,
     /// The reused instance writing the body: a body whose stream ends once it has failed was
     /// cut short.
     instance: Option<Arc<ServingInstance>>,
-    /// When a reused instance's body is cut short if it has not ended: the instance outlives
-    /// the request, so nothing else ends a body the guest keeps open.
-    deadline: Option<std::pin::Pin<Box<tokio::time::Sleep>>>,
+    clock: ProgressClock,
 }
 
-/// Where a guest that fails after its response head is reported.
-struct FailureReport {
+/// The body's bounds, measured.
+struct ProgressClock {
+    bounds: BodyBounds,
+    /// When the body has streamed for the whole of `bounds.timeout`.
+    ends: Instant,
+    /// Since when hyper has waited on the guest; `None` while the guest keeps up.
+    waiting_since: Option<Instant>,
+    /// When the guest last handed hyper a frame (or the head went out).
+    last_frame: Instant,
+    /// Wakes the body at the next bound due while it waits on the guest.
+    timer: Pin<Box<Sleep>>,
+    ended: bool,
+}
+
+/// The bound a body was cut at.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Cut {
+    /// The guest wrote none of it for the stall bound.
+    GuestStalled,
+    /// It streamed for the whole of its timeout.
+    TimedOut,
+}
+
+impl ProgressClock {
+    fn new(bounds: BodyBounds) -> ProgressClock {
+        let now = Instant::now();
+        ProgressClock {
+            bounds,
+            ends: now + bounds.timeout,
+            waiting_since: None,
+            last_frame: now,
+            timer: Box::pin(tokio::time::sleep_until(now + bounds.timeout)),
+            ended: false,
+        }
+    }
+
+    /// The guest handed hyper a frame: the cut due, if the body's time is up.
+    fn frame(&mut self) -> Option<Cut> {
+        let now = Instant::now();
+        self.waiting_since = None;
+        self.last_frame = now;
+        (now >= self.ends).then_some(Cut::TimedOut)
+    }
+
+    /// hyper waits on the guest: the cut due now, else `None` with the timer set to wake `cx`
+    /// when the next one comes due.
+    fn waiting(&mut self, cx: &mut Context<'_>) -> Option<Cut> {
+        let now = Instant::now();
+        let since = *self.waiting_since.get_or_insert(now);
+        let (due, cut) = if since + self.bounds.stall < self.ends {
+            (since + self.bounds.stall, Cut::GuestStalled)
+        } else {
+            (self.ends, Cut::TimedOut)
+        };
+        if now >= due {
+            return Some(cut);
+        }
+        if self.timer.deadline() != due {
+            self.timer.as_mut().reset(due);
+        }
+        self.timer.as_mut().poll(cx).is_ready().then_some(cut)
+    }
+
+    /// Whether a body dropped now, unfinished, was dropped because its client read none of it
+    /// for the stall bound: hyper had stopped asking for frames while the guest kept up.
+    fn client_stalled(&self) -> bool {
+        !self.ended
+            && self.waiting_since.is_none()
+            && self.last_frame.elapsed() >= self.bounds.stall
+    }
+
+    /// Why the body was cut at `cut`, for its log line.
+    fn cause(&self, cut: Cut) -> String {
+        match cut {
+            Cut::GuestStalled => format!(
+                "the guest wrote none of its body for {} ms (--response-stall-ms)",
+                self.bounds.stall.as_millis()
+            ),
+            Cut::TimedOut => format!(
+                "the body was still streaming {} ms after its head (--response-timeout-ms)",
+                self.bounds.timeout.as_millis()
+            ),
+        }
+    }
+}
+
+/// Where a response cut after its head is reported.
+struct CutReport {
     /// The request's log fields, for the line of a failure.
     request: Option<Arc<RequestFields>>,
     /// The request's span ids, when that line also goes out as a log record.
     exported: Option<opentelemetry::Context>,
-    /// Where the trap is counted, for a client's request.
+    /// Where a guest's failure is counted, for a client's request.
     metrics: Option<Arc<Metrics>>,
 }
 
-impl FailureReport {
-    /// The ERROR line and the count of a guest that failed with `trap` after its head;
-    /// `read` says whether the client was still reading the body.
-    fn report(&self, trap: &wasmtime::Error, read: bool) {
-        let error = one_line(&**trap);
+impl CutReport {
+    /// Where the current request's cut is reported, counted in `metrics`.
+    fn current(metrics: Option<Arc<Metrics>>) -> CutReport {
+        CutReport {
+            request: request_fields::current(),
+            exported: log_records_exported().then(request_ids),
+            metrics,
+        }
+    }
+
+    fn take(&mut self) -> CutReport {
+        CutReport {
+            request: self.request.take(),
+            exported: self.exported.take(),
+            metrics: self.metrics.take(),
+        }
+    }
+
+    /// The line of `write`, with the request's fields and span ids.
+    fn in_request(&self, write: impl FnOnce()) {
         let _current = self.exported.clone().map(opentelemetry::Context::attach);
-        request_fields::in_request(self.request.as_ref(), || {
+        request_fields::in_request(self.request.as_ref(), write);
+    }
+
+    /// The ERROR line and the count of a guest that failed (or was stopped) for `error` after
+    /// its head; `read` says whether the client was still reading the body.
+    fn guest_failed(&self, error: &str, read: bool) {
+        self.in_request(|| {
             if read {
                 tracing::error!(
                     error,
@@ -66,70 +185,14 @@ impl FailureReport {
             metrics.observe_guest_trap(TRAP_MOMENTS[1]);
         }
     }
-}
 
-impl GuestBody {
-    pub(crate) fn new(
-        inner: HyperOutgoingBody,
-        task: tokio::task::JoinHandle<wasmtime::Result<()>>,
-        metrics: Option<Arc<Metrics>>,
-    ) -> GuestBody {
-        GuestBody {
-            inner,
-            task: Some(task),
-            failure: FailureReport {
-                request: request_fields::current(),
-                exported: log_records_exported().then(request_ids),
-                metrics,
-            },
-            _request: None,
-            instance: None,
-            deadline: None,
-        }
-    }
-
-    /// The body of a reused `instance`'s response, cut short if it has not ended by `deadline`:
-    /// the instance outlives it, and `request` ends with it (the instance's failure is logged
-    /// when the instance ends).
-    pub(super) fn reused(
-        inner: HyperOutgoingBody,
-        request: impl Send + 'static,
-        instance: Option<Arc<ServingInstance>>,
-        deadline: std::time::Instant,
-    ) -> GuestBody {
-        GuestBody {
-            inner,
-            task: None,
-            failure: FailureReport {
-                request: None,
-                exported: None,
-                metrics: None,
-            },
-            _request: Some(Box::new(request)),
-            instance,
-            deadline: Some(Box::pin(tokio::time::sleep_until(deadline.into()))),
-        }
-    }
-}
-
-impl Drop for GuestBody {
-    fn drop(&mut self) {
-        let Some(task) = self.task.take() else {
-            return;
-        };
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            return;
-        };
-        let failure = FailureReport {
-            request: self.failure.request.take(),
-            exported: self.failure.exported.take(),
-            metrics: self.failure.metrics.take(),
-        };
-        // The task is bounded by the request's deadline: the watcher ends with it.
-        runtime.spawn(async move {
-            if let Ok(Err(trap)) = task.await {
-                failure.report(&trap, false);
-            }
+    /// The WARN line of a client that took none of its response for `stall`.
+    fn client_stalled(&self, stall: std::time::Duration) {
+        self.in_request(|| {
+            tracing::warn!(
+                stall_ms = stall.as_millis() as u64,
+                "the client took none of the body for --response-stall-ms; response cut short"
+            );
         });
     }
 }
@@ -141,56 +204,150 @@ fn request_ids() -> opentelemetry::Context {
     opentelemetry::Context::new().with_remote_span_context(ids)
 }
 
+/// The error that breaks the connection of a body cut short.
+fn cut_short(why: &str) -> wasmtime_wasi_http::Error {
+    wasmtime_wasi_http::Error::InternalError(Some(why.to_string()))
+}
+
+impl GuestBody {
+    /// The body of a fresh instance's response, whose `task` runs the instance, within
+    /// `bounds` from now; a failure is counted in `metrics`.
+    pub(crate) fn new(
+        inner: HyperOutgoingBody,
+        task: tokio::task::JoinHandle<wasmtime::Result<()>>,
+        bounds: BodyBounds,
+        metrics: Option<Arc<Metrics>>,
+    ) -> GuestBody {
+        GuestBody {
+            inner,
+            task: Some(task),
+            report: CutReport::current(metrics),
+            _request: None,
+            instance: None,
+            clock: ProgressClock::new(bounds),
+        }
+    }
+
+    /// The body of a reused `instance`'s response, within `bounds` from now: the instance
+    /// outlives it, and `request` ends with it (the instance's own failure is logged when the
+    /// instance ends).
+    pub(super) fn reused(
+        inner: HyperOutgoingBody,
+        request: impl Send + 'static,
+        instance: Option<Arc<ServingInstance>>,
+        bounds: BodyBounds,
+    ) -> GuestBody {
+        GuestBody {
+            inner,
+            task: None,
+            report: CutReport::current(None),
+            _request: Some(Box::new(request)),
+            instance,
+            clock: ProgressClock::new(bounds),
+        }
+    }
+
+    /// Cuts the body at `cut`: stops a fresh instance, says why, and breaks the connection.
+    fn cut(&mut self, cut: Cut) -> Poll<Option<Result<http_body::Frame<Bytes>, wasmtime_wasi_http::Error>>> {
+        if let Some(task) = self.task.take() {
+            task.abort();
+        }
+        self.clock.ended = true;
+        let cause = self.clock.cause(cut);
+        self.report.guest_failed(&cause, true);
+        Poll::Ready(Some(Err(cut_short(&cause))))
+    }
+}
+
+impl Drop for GuestBody {
+    fn drop(&mut self) {
+        if self.clock.client_stalled() {
+            self.report.client_stalled(self.clock.bounds.stall);
+        }
+        let Some(task) = self.task.take() else {
+            return;
+        };
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            task.abort();
+            return;
+        };
+        let report = self.report.take();
+        let stall = self.clock.bounds.stall;
+        // Nobody reads the body any more: the guest gets a stall's time to end by itself.
+        runtime.spawn(async move {
+            let abort = task.abort_handle();
+            match tokio::time::timeout(stall, task).await {
+                Ok(Ok(Err(trap))) => report.guest_failed(&one_line(&*trap), false),
+                Ok(_) => {}
+                Err(_) => abort.abort(),
+            }
+        });
+    }
+}
+
 impl http_body::Body for GuestBody {
     type Data = Bytes;
     type Error = wasmtime_wasi_http::Error;
 
     fn poll_frame(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, Self::Error>>> {
-        use std::task::Poll;
-        // Polled first, whether or not the body has a frame ready: a guest that writes as fast
-        // as the client reads would otherwise never let it fire.
-        let past_deadline = self
-            .deadline
-            .as_mut()
-            .is_some_and(|deadline| deadline.as_mut().poll(cx).is_ready());
-        match std::pin::Pin::new(&mut self.inner).poll_frame(cx) {
-            Poll::Ready(None) => {}
-            _ if past_deadline => {
-                return Poll::Ready(Some(Err(wasmtime_wasi_http::Error::InternalError(Some(
-                    "the reused instance had not ended the body by the deadline".to_string(),
-                )))));
-            }
-            other => return other,
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Bytes>, Self::Error>>> {
+        let this = &mut *self;
+        if this.clock.ended {
+            return Poll::Ready(None);
         }
-        let Some(task) = self.task.as_mut() else {
-            let cut = self
+        match Pin::new(&mut this.inner).poll_frame(cx) {
+            Poll::Ready(Some(Ok(frame))) => {
+                if let Some(instance) = &this.instance {
+                    instance.body_progressed();
+                }
+                return match this.clock.frame() {
+                    Some(cut) => this.cut(cut),
+                    None => Poll::Ready(Some(Ok(frame))),
+                };
+            }
+            Poll::Ready(Some(Err(error))) => {
+                this.clock.ended = true;
+                return Poll::Ready(Some(Err(error)));
+            }
+            Poll::Pending => {
+                return match this.clock.waiting(cx) {
+                    Some(cut) => this.cut(cut),
+                    None => Poll::Pending,
+                };
+            }
+            Poll::Ready(None) => {}
+        }
+        // The guest has ended the stream: the body ends with its task, which has a stall's time
+        // to end as well.
+        let Some(task) = this.task.as_mut() else {
+            this.clock.ended = true;
+            let cut = this
                 .instance
                 .as_ref()
                 .is_some_and(|instance| instance.failure().is_some());
-            return Poll::Ready(cut.then(|| {
-                Err(wasmtime_wasi_http::Error::InternalError(Some(
-                    "the reused instance failed while streaming the body".to_string(),
-                )))
-            }));
+            return Poll::Ready(
+                cut.then(|| Err(cut_short("the reused instance failed while streaming the body"))),
+            );
         };
-        let Poll::Ready(outcome) = std::pin::Pin::new(task).poll(cx) else {
-            return Poll::Pending;
+        let Poll::Ready(outcome) = Pin::new(task).poll(cx) else {
+            return match this.clock.waiting(cx) {
+                Some(cut) => this.cut(cut),
+                None => Poll::Pending,
+            };
         };
-        self.task = None;
+        this.task = None;
+        this.clock.ended = true;
         match outcome {
             Ok(Ok(())) => Poll::Ready(None),
             Ok(Err(trap)) => {
-                self.failure.report(&trap, true);
-                Poll::Ready(Some(Err(wasmtime_wasi_http::Error::InternalError(Some(
-                    "the guest failed while streaming its body".to_string(),
-                )))))
+                this.report.guest_failed(&one_line(&*trap), true);
+                Poll::Ready(Some(Err(cut_short(
+                    "the guest failed while streaming its body",
+                ))))
             }
-            Err(join_error) => Poll::Ready(Some(Err(wasmtime_wasi_http::Error::InternalError(
-                Some(join_error.to_string()),
-            )))),
+            Err(join_error) => Poll::Ready(Some(Err(cut_short(&join_error.to_string())))),
         }
     }
 

@@ -37,7 +37,7 @@ use crate::observability::metrics::Metrics;
 use crate::observability::record::{CostReport, RequestRecord};
 use crate::observability::request_span::RequestSpan;
 use crate::observability::routes::RouteTemplates;
-use crate::runtime::capacity::{GuestCapacity, GuestLimits, InstanceReuse};
+use crate::runtime::capacity::{BodyBounds, GuestCapacity, GuestLimits, InstanceReuse};
 use crate::runtime::guest_body::GuestBody;
 use crate::runtime::held::{BODY_CHUNK_BYTES, TooMuchHeld};
 use crate::runtime::pool::BUDGET_SPENT;
@@ -134,11 +134,9 @@ impl ReusedInstances {
                 if let Some(served) = served {
                     self.answering.answered(served.ordinal);
                 }
-                // The body ends by the deadline a fresh instance's would (`runtime::guest`).
-                let allowed = self.limits.request_timeout + Duration::from_secs(1);
-                let deadline = served.map_or_else(Instant::now, |served| served.accepted) + allowed;
                 let instance = served.map(|served| Arc::clone(&served.instance));
-                Ok(response.map(|body| GuestBody::reused(body, ending, instance, deadline)))
+                let bounds = self.limits.body;
+                Ok(response.map(|body| GuestBody::reused(body, ending, instance, bounds)))
             }
             Err(error) => {
                 // The request's task may have vanished with its instance, whose error reaches
@@ -527,6 +525,7 @@ impl HandlerState for Instances {
             expiration: Expiry {
                 idle_timeout: self.reuse.idle_timeout,
                 request_timeout: self.limits.request_timeout,
+                body: self.limits.body,
                 timer: Box::pin(tokio::time::sleep(Duration::ZERO)),
                 instance: Arc::clone(&instance),
             },
@@ -622,12 +621,14 @@ impl WorkerState for Worker {
     }
 }
 
-/// When an instance goes: idle past the idle timeout, or working (towards a response, or after
-/// it) past the request deadline since its latest request came, the backstop of the
-/// per-request deadline, which a guest busy in a loop keeps from firing.
+/// When an instance goes: idle past the idle timeout; working towards a response past the
+/// request deadline since its latest request came (the backstop of the per-request deadline,
+/// which a guest busy in a loop keeps from firing); or, every response head out, past the
+/// stall bound without a body's progress or past the body's timeout.
 struct Expiry {
     idle_timeout: Duration,
     request_timeout: Duration,
+    body: BodyBounds,
     timer: Pin<Box<tokio::time::Sleep>>,
     /// Told when it stops the instance at a deadline, so its requests are answered 503.
     instance: Arc<ServingInstance>,
@@ -641,11 +642,14 @@ impl WorkerExpiration for Expiry {
         since: Instant,
     ) -> Poll<()> {
         let expiry = self.get_mut();
-        let allowed = match status {
-            WorkerStatus::Idle => expiry.idle_timeout,
-            WorkerStatus::Requests | WorkerStatus::PostReturn => expiry.request_timeout,
+        let at = match status {
+            WorkerStatus::Idle => since + expiry.idle_timeout,
+            WorkerStatus::Requests => since + expiry.request_timeout,
+            WorkerStatus::PostReturn => {
+                let progress = expiry.instance.body_progress().map_or(since, |at| at.max(since));
+                (progress + expiry.body.stall).min(since + expiry.body.timeout)
+            }
         };
-        let at = since + allowed;
         if Instant::now() >= at {
             if status != WorkerStatus::Idle {
                 expiry.instance.expired.store(true, Ordering::SeqCst);

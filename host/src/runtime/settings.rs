@@ -9,12 +9,18 @@ use clap::builder::BoolishValueParser;
 
 use crate::machine::machine_memory;
 use crate::runtime::built::{built_component, default_cache_dir};
-use crate::runtime::capacity::{GuestLimits, InstanceReuse};
+use crate::runtime::capacity::{BodyBounds, GuestLimits, InstanceReuse};
 use crate::runtime::outbound::OutboundRules;
 use crate::runtime::probe::ProbePath;
 
-/// How long one request may run inside the guest.
+/// How long one request may run inside the guest before its response head.
 pub const DEFAULT_REQUEST_TIMEOUT_MS: u64 = 10_000;
+/// How long a response's body may stream once its head is out: the largest list the contract
+/// allows (1,000,000 users of the longest name and e-mail, about 1.9 GB) to a client reading
+/// 4.2 Mbit/s.
+pub const DEFAULT_RESPONSE_TIMEOUT_MS: u64 = 3_600_000;
+/// How long a response's body may make no progress, on either side.
+pub const DEFAULT_RESPONSE_STALL_MS: u64 = 10_000;
 /// Linear memory one guest instance may grow to.
 pub const DEFAULT_GUEST_MEMORY_MB: u64 = 128;
 /// How many guest instances may run at once; more requests wait briefly, then get 503.
@@ -59,10 +65,24 @@ pub struct GuestSettings {
     #[arg(long, env = "GUEST_CACHE_DIR", default_value_os_t = default_cache_dir())]
     pub cache_dir: PathBuf,
 
-    /// Deadline for one request inside the guest, in milliseconds.
+    /// Deadline for one request inside the guest until its response head, in milliseconds; a
+    /// guest past it is stopped and the client gets 503. The body is bounded by the two below.
     #[arg(long, env = "REQUEST_TIMEOUT_MS", default_value_t = DEFAULT_REQUEST_TIMEOUT_MS,
           value_parser = clap::value_parser!(u64).range(1..))]
     pub request_timeout_ms: u64,
+
+    /// Longest a response's body may stream once its head is out, in milliseconds (the default
+    /// is an hour: the largest list the contract allows, about 1.9 GB, to a client reading
+    /// 4.2 Mbit/s); past it the guest is stopped and the response cut short.
+    #[arg(long, env = "RESPONSE_TIMEOUT_MS", default_value_t = DEFAULT_RESPONSE_TIMEOUT_MS,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub response_timeout_ms: u64,
+
+    /// Longest a response's body may make no progress, in milliseconds: its guest writing none
+    /// of it, or its client reading none; past it the response is cut short.
+    #[arg(long, env = "RESPONSE_STALL_MS", default_value_t = DEFAULT_RESPONSE_STALL_MS,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub response_stall_ms: u64,
 
     /// Linear memory cap per guest instance, in MiB.
     #[arg(long, env = "GUEST_MEMORY_MB", default_value_t = DEFAULT_GUEST_MEMORY_MB,
@@ -115,10 +135,19 @@ impl GuestSettings {
         Duration::from_millis(self.request_timeout_ms)
     }
 
+    /// How long a response's body may make no progress, on either side.
+    pub fn response_stall(&self) -> Duration {
+        Duration::from_millis(self.response_stall_ms)
+    }
+
     /// What one guest instance may use.
     pub fn limits(&self) -> GuestLimits {
         GuestLimits {
             request_timeout: self.request_timeout(),
+            body: BodyBounds {
+                timeout: Duration::from_millis(self.response_timeout_ms),
+                stall: self.response_stall(),
+            },
             memory_bytes: mebibytes(self.guest_memory_mb),
             memory_budget_bytes: self
                 .guest_memory_budget_mb
@@ -139,6 +168,10 @@ impl Default for GuestLimits {
     fn default() -> Self {
         GuestLimits {
             request_timeout: Duration::from_millis(DEFAULT_REQUEST_TIMEOUT_MS),
+            body: BodyBounds {
+                timeout: Duration::from_millis(DEFAULT_RESPONSE_TIMEOUT_MS),
+                stall: Duration::from_millis(DEFAULT_RESPONSE_STALL_MS),
+            },
             memory_bytes: mebibytes(DEFAULT_GUEST_MEMORY_MB),
             memory_budget_bytes: default_memory_budget(),
             max_instances: DEFAULT_MAX_INSTANCES,

@@ -346,6 +346,8 @@ pub struct ServingInstance {
     retired: AtomicBool,
     /// Wakes those waiting on `ended` or `settled`.
     changed: tokio::sync::Notify,
+    /// When a body the instance writes last went on to its client.
+    body_progress: Mutex<Option<Instant>>,
 }
 
 /// Why a reused instance failed.
@@ -375,6 +377,22 @@ impl ServingInstance {
             self.settled.store(taken, Ordering::SeqCst);
             self.changed.notify_waiters();
         }
+    }
+
+    /// Says that a body the instance writes has just gone on to its client.
+    pub fn body_progressed(&self) {
+        *self
+            .body_progress
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = Some(Instant::now());
+    }
+
+    /// When a body the instance writes last went on to its client, if one has.
+    pub fn body_progress(&self) -> Option<Instant> {
+        *self
+            .body_progress
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
     }
 
     /// Keeps the instance from taking another request; `true` the first time.
