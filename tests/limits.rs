@@ -59,7 +59,7 @@ async fn a_body_that_makes_progress_is_sent_whole_past_the_deadline() {
     let started = Instant::now();
     let (status, body) = get(&host, "/trickle").await;
     assert_eq!(status, 200);
-    assert_eq!(body, json!([0; 31]), "the body, after {:?}", started.elapsed());
+    assert_eq!(body, json!(vec![0; 31]), "the body, after {:?}", started.elapsed());
     assert!(started.elapsed() > Duration::from_millis(2500));
     let errors = host.log_lines_where(|line| line["level"] == "ERROR");
     assert!(errors.is_empty(), "{errors:#?}");

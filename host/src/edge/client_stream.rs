@@ -107,6 +107,8 @@ pub struct ClientStream<T> {
     rewriting: Option<Rewriting>,
     /// Whether anything was written on the connection yet.
     wrote_any: bool,
+    /// Set when a write stall closes the connection, for the response body it cut to say so.
+    stall_mark: Option<Arc<AtomicBool>>,
 }
 
 struct Rewriting {
@@ -144,6 +146,15 @@ impl<T> ClientStream<T> {
             draining: None,
             rewriting: None,
             wrote_any: false,
+            stall_mark: None,
+        }
+    }
+
+    /// The same stream, setting `mark` when a write stall closes it.
+    pub fn marking_stalls(self, mark: Arc<AtomicBool>) -> ClientStream<T> {
+        ClientStream {
+            stall_mark: Some(mark),
+            ..self
         }
     }
 
@@ -165,10 +176,15 @@ impl<T> ClientStream<T> {
                     .stalled
                     .get_or_insert_with(|| Box::pin(tokio::time::sleep(write_stall)));
                 match clock.as_mut().poll(cx) {
-                    Poll::Ready(()) => Poll::Ready(Err(io::Error::new(
+                    Poll::Ready(()) => {
+                        if let Some(mark) = &self.stall_mark {
+                            mark.store(true, Ordering::Relaxed);
+                        }
+                        Poll::Ready(Err(io::Error::new(
                         io::ErrorKind::TimedOut,
                         "the client stopped reading",
-                    ))),
+                    )))
+                    }
                     Poll::Pending => Poll::Pending,
                 }
             }

@@ -10,6 +10,7 @@ use std::convert::Infallible;
 use std::future::Future;
 use std::net::IpAddr;
 use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
 use std::time::{Duration, Instant};
 
 use http::{
@@ -160,6 +161,10 @@ impl App {
         }
         let connection = request.extensions().get::<Arc<Ticket>>().cloned();
         let peer = request.extensions().get::<Peer>().map(|peer| peer.0);
+        let stalled = request
+            .extensions()
+            .get::<ClientStalled>()
+            .map_or_else(Arc::default, |stalled| Arc::clone(&stalled.0));
         let (mut parts, body) = request.into_parts();
         let reading = read_body(
             body,
@@ -247,7 +252,8 @@ impl App {
             Arc::clone(&self.metrics),
             span.clone(),
             Arc::clone(record),
-        );
+        )
+        .with_client_stalled(stalled);
         let serving = self.serving.current();
         // The guest changes with a swap: each request span says which one answered it.
         span.record_guest_version(serving.version.as_str());
@@ -427,6 +433,11 @@ fn is_host_and_port(text: &[u8]) -> bool {
 #[derive(Clone, Copy)]
 struct Peer(IpAddr);
 
+/// Set when the connection's client took none of a response for the stall bound, so the
+/// response body that was cut says why.
+#[derive(Clone, Default)]
+struct ClientStalled(Arc<AtomicBool>);
+
 impl Peer {
     /// The peer of a connection from `address`.
     fn of(address: IpAddr) -> Peer {
@@ -489,15 +500,19 @@ pub async fn serve(listener: TcpListener, app: Arc<App>, shutdown: impl Future<O
         let app = Arc::clone(&app);
         let connection_ticket = Arc::clone(&ticket);
         let drain_on_close = DrainOnClose::default();
+        let stalled = ClientStalled::default();
+        let connection_stalled = stalled.clone();
         let connection_drain = drain_on_close.clone();
         let service = service_fn(move |mut request: Request<Incoming>| {
             let app = Arc::clone(&app);
             let ticket = Arc::clone(&connection_ticket);
             let drain_on_close = connection_drain.clone();
+            let stalled = connection_stalled.clone();
             async move {
                 ticket.enter(Phase::ReadingBody);
                 request.extensions_mut().insert(Arc::clone(&ticket));
                 request.extensions_mut().insert(Peer::of(peer));
+                request.extensions_mut().insert(stalled);
                 let response = app.handle(request).await;
                 if is_closing(&response) {
                     // The client may still be sending the rest: it must get to read this answer.
@@ -521,7 +536,8 @@ pub async fn serve(listener: TcpListener, app: Arc<App>, shutdown: impl Future<O
                     response_stall,
                     drain_on_close,
                     linger,
-                )),
+                )
+                .marking_stalls(stalled.0)),
                 service,
             );
         let connection = connections.watch(connection);

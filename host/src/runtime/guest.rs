@@ -212,6 +212,7 @@ impl Guest {
         let body_metrics = metrics.clone();
         let record = Arc::clone(context.record());
         let cost_report = context.cost_report();
+        let client_stalled = Arc::clone(context.client_stalled());
         let deadline = Arc::new(HeadDeadline {
             at: Instant::now() + self.limits.request_timeout,
             head_out: AtomicBool::new(false),
@@ -287,7 +288,9 @@ impl Guest {
                     .slots
                     .start_streaming(&permit, task.abort_handle());
                 let bounds = self.limits.body;
-                Ok(response.map(|body| GuestBody::new(body, task, bounds, body_metrics)))
+                Ok(response.map(|body| {
+                    GuestBody::new(body, task, bounds, body_metrics, client_stalled)
+                }))
             }
             Ok(Err(code)) => Err(RequestError::ErrorCode(code)),
             // The sender is dropped with the store: the task has ended without a response.

@@ -3,6 +3,7 @@
 
 use std::pin::Pin;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
@@ -52,8 +53,6 @@ struct ProgressClock {
     ends: Instant,
     /// Since when hyper has waited on the guest; `None` while the guest keeps up.
     waiting_since: Option<Instant>,
-    /// When the guest last handed hyper a frame (or the head went out).
-    last_frame: Instant,
     /// Wakes the body at the next bound due while it waits on the guest.
     timer: Pin<Box<Sleep>>,
     ended: bool,
@@ -75,24 +74,20 @@ impl ProgressClock {
             bounds,
             ends: now + bounds.timeout,
             waiting_since: None,
-            last_frame: now,
             timer: Box::pin(tokio::time::sleep_until(now + bounds.timeout)),
             ended: false,
         }
     }
 
-    /// The guest handed hyper a frame: the cut due, if the body's time is up.
-    fn frame(&mut self) -> Option<Cut> {
-        let now = Instant::now();
+    /// The guest handed hyper a frame at `now`: the cut due, if the body's time is up.
+    fn frame(&mut self, now: Instant) -> Option<Cut> {
         self.waiting_since = None;
-        self.last_frame = now;
         (now >= self.ends).then_some(Cut::TimedOut)
     }
 
-    /// hyper waits on the guest: the cut due now, else `None` with the timer set to wake `cx`
-    /// when the next one comes due.
-    fn waiting(&mut self, cx: &mut Context<'_>) -> Option<Cut> {
-        let now = Instant::now();
+    /// hyper waits on the guest at `now`: the cut due, else `None` with the timer set to wake
+    /// `cx` when the next one comes due.
+    fn waiting(&mut self, now: Instant, cx: &mut Context<'_>) -> Option<Cut> {
         let since = *self.waiting_since.get_or_insert(now);
         let (due, cut) = if since + self.bounds.stall < self.ends {
             (since + self.bounds.stall, Cut::GuestStalled)
@@ -106,14 +101,6 @@ impl ProgressClock {
             self.timer.as_mut().reset(due);
         }
         self.timer.as_mut().poll(cx).is_ready().then_some(cut)
-    }
-
-    /// Whether a body dropped now, unfinished, was dropped because its client read none of it
-    /// for the stall bound: hyper had stopped asking for frames while the guest kept up.
-    fn client_stalled(&self) -> bool {
-        !self.ended
-            && self.waiting_since.is_none()
-            && self.last_frame.elapsed() >= self.bounds.stall
     }
 
     /// Why the body was cut at `cut`, for its log line.
@@ -139,15 +126,19 @@ struct CutReport {
     exported: Option<opentelemetry::Context>,
     /// Where a guest's failure is counted, for a client's request.
     metrics: Option<Arc<Metrics>>,
+    /// Set by the connection when its client took none of the response for the stall bound.
+    client_stalled: Arc<AtomicBool>,
 }
 
 impl CutReport {
-    /// Where the current request's cut is reported, counted in `metrics`.
-    fn current(metrics: Option<Arc<Metrics>>) -> CutReport {
+    /// Where the current request's cut is reported, counted in `metrics`; its connection sets
+    /// `client_stalled`.
+    fn current(metrics: Option<Arc<Metrics>>, client_stalled: Arc<AtomicBool>) -> CutReport {
         CutReport {
             request: request_fields::current(),
             exported: log_records_exported().then(request_ids),
             metrics,
+            client_stalled,
         }
     }
 
@@ -156,6 +147,7 @@ impl CutReport {
             request: self.request.take(),
             exported: self.exported.take(),
             metrics: self.metrics.take(),
+            client_stalled: Arc::clone(&self.client_stalled),
         }
     }
 
@@ -211,17 +203,19 @@ fn cut_short(why: &str) -> wasmtime_wasi_http::Error {
 
 impl GuestBody {
     /// The body of a fresh instance's response, whose `task` runs the instance, within
-    /// `bounds` from now; a failure is counted in `metrics`.
+    /// `bounds` from now; a failure is counted in `metrics`, and the connection sets
+    /// `client_stalled` when its client takes none of it for the stall bound.
     pub(crate) fn new(
         inner: HyperOutgoingBody,
         task: tokio::task::JoinHandle<wasmtime::Result<()>>,
         bounds: BodyBounds,
         metrics: Option<Arc<Metrics>>,
+        client_stalled: Arc<AtomicBool>,
     ) -> GuestBody {
         GuestBody {
             inner,
             task: Some(task),
-            report: CutReport::current(metrics),
+            report: CutReport::current(metrics, client_stalled),
             _request: None,
             instance: None,
             clock: ProgressClock::new(bounds),
@@ -230,17 +224,18 @@ impl GuestBody {
 
     /// The body of a reused `instance`'s response, within `bounds` from now: the instance
     /// outlives it, and `request` ends with it (the instance's own failure is logged when the
-    /// instance ends).
+    /// instance ends); the connection sets `client_stalled` as for a fresh one.
     pub(super) fn reused(
         inner: HyperOutgoingBody,
         request: impl Send + 'static,
         instance: Option<Arc<ServingInstance>>,
         bounds: BodyBounds,
+        client_stalled: Arc<AtomicBool>,
     ) -> GuestBody {
         GuestBody {
             inner,
             task: None,
-            report: CutReport::current(None),
+            report: CutReport::current(None, client_stalled),
             _request: Some(Box::new(request)),
             instance,
             clock: ProgressClock::new(bounds),
@@ -261,7 +256,7 @@ impl GuestBody {
 
 impl Drop for GuestBody {
     fn drop(&mut self) {
-        if self.clock.client_stalled() {
+        if !self.clock.ended && self.report.client_stalled.load(Ordering::Relaxed) {
             self.report.client_stalled(self.clock.bounds.stall);
         }
         let Some(task) = self.task.take() else {
@@ -297,12 +292,13 @@ impl http_body::Body for GuestBody {
         if this.clock.ended {
             return Poll::Ready(None);
         }
+        let now = Instant::now();
         match Pin::new(&mut this.inner).poll_frame(cx) {
             Poll::Ready(Some(Ok(frame))) => {
                 if let Some(instance) = &this.instance {
                     instance.body_progressed();
                 }
-                return match this.clock.frame() {
+                return match this.clock.frame(now) {
                     Some(cut) => this.cut(cut),
                     None => Poll::Ready(Some(Ok(frame))),
                 };
@@ -312,7 +308,7 @@ impl http_body::Body for GuestBody {
                 return Poll::Ready(Some(Err(error)));
             }
             Poll::Pending => {
-                return match this.clock.waiting(cx) {
+                return match this.clock.waiting(now, cx) {
                     Some(cut) => this.cut(cut),
                     None => Poll::Pending,
                 };
@@ -332,7 +328,7 @@ impl http_body::Body for GuestBody {
             );
         };
         let Poll::Ready(outcome) = Pin::new(task).poll(cx) else {
-            return match this.clock.waiting(cx) {
+            return match this.clock.waiting(now, cx) {
                 Some(cut) => this.cut(cut),
                 None => Poll::Pending,
             };

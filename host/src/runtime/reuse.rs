@@ -112,6 +112,7 @@ impl ReusedInstances {
         });
         let record = Arc::clone(context.record());
         let cost = context.cost_report();
+        let client_stalled = Arc::clone(context.client_stalled());
         let parts = RequestParts::new(context, route_templates, outbound);
         let (head, body) = request.into_parts();
         let (body, lent) = LentBody::lend(body);
@@ -136,7 +137,9 @@ impl ReusedInstances {
                 }
                 let instance = served.map(|served| Arc::clone(&served.instance));
                 let bounds = self.limits.body;
-                Ok(response.map(|body| GuestBody::reused(body, ending, instance, bounds)))
+                Ok(response.map(|body| {
+                    GuestBody::reused(body, ending, instance, bounds, client_stalled)
+                }))
             }
             Err(error) => {
                 // The request's task may have vanished with its instance, whose error reaches

@@ -59,6 +59,8 @@ pub struct RequestContext {
     record: Arc<RequestRecord>,
     /// Where the request is reported; `None` for requests the host sends itself.
     reporting: Option<Reporting>,
+    /// Set by the connection when its client took none of a response for the stall bound.
+    client_stalled: Arc<AtomicBool>,
 }
 
 /// Where a client's request is traced, logged and counted.
@@ -86,7 +88,22 @@ impl RequestContext {
                 metrics,
                 request_span,
             }),
+            client_stalled: Arc::default(),
         }
+    }
+
+    /// The same request, whose connection sets `client_stalled` when its client takes none of
+    /// a response for the stall bound.
+    pub fn with_client_stalled(self, client_stalled: Arc<AtomicBool>) -> RequestContext {
+        RequestContext {
+            client_stalled,
+            ..self
+        }
+    }
+
+    /// Set when the request's client took none of its response for the stall bound.
+    pub fn client_stalled(&self) -> &Arc<AtomicBool> {
+        &self.client_stalled
     }
 
     /// A request the host sends itself (a health probe), on `users`: no span, no log lines,
@@ -97,6 +114,7 @@ impl RequestContext {
             peer: None,
             record: Arc::default(),
             reporting: None,
+            client_stalled: Arc::default(),
         }
     }
 
