@@ -59,7 +59,12 @@ async fn a_body_that_makes_progress_is_sent_whole_past_the_deadline() {
     let started = Instant::now();
     let (status, body) = get(&host, "/trickle").await;
     assert_eq!(status, 200);
-    assert_eq!(body, json!(vec![0; 31]), "the body, after {:?}", started.elapsed());
+    assert_eq!(
+        body,
+        json!(vec![0; 31]),
+        "the body, after {:?}",
+        started.elapsed()
+    );
     assert!(started.elapsed() > Duration::from_millis(2500));
     let errors = host.log_lines_where(|line| line["level"] == "ERROR");
     assert!(errors.is_empty(), "{errors:#?}");
@@ -83,10 +88,20 @@ fn cut_line(host: &Host) -> Value {
 
 #[tokio::test]
 async fn a_guest_that_streams_for_ever_is_stopped_at_the_response_timeout() {
-    let host = hostile_host(&[("RESPONSE_TIMEOUT_MS", "1500"), ("RESPONSE_STALL_MS", "1000")]);
+    let host = hostile_host(&[
+        ("RESPONSE_TIMEOUT_MS", "1500"),
+        ("RESPONSE_STALL_MS", "1000"),
+    ]);
     let (answer, took) = read_until_cut(&host, "/stream-forever").await;
-    assert!(answer.starts_with("HTTP/1.1 200"), "{}", &answer[..answer.len().min(200)]);
-    assert!(!answer.ends_with("0\r\n\r\n"), "a cut body ended like a whole one");
+    assert!(
+        answer.starts_with("HTTP/1.1 200"),
+        "{}",
+        &answer[..answer.len().min(200)]
+    );
+    assert!(
+        !answer.ends_with("0\r\n\r\n"),
+        "a cut body ended like a whole one"
+    );
     assert!(
         took >= Duration::from_millis(1500) && took < Duration::from_secs(10),
         "cut after {took:?}"
@@ -102,9 +117,16 @@ async fn a_guest_that_streams_for_ever_is_stopped_at_the_response_timeout() {
 async fn a_guest_that_stops_writing_mid_body_is_cut_at_the_stall_bound() {
     let host = hostile_host(&[("RESPONSE_STALL_MS", "1000")]);
     let (answer, took) = read_until_cut(&host, "/stall-mid-body").await;
-    assert!(answer.starts_with("HTTP/1.1 200"), "{}", &answer[..answer.len().min(200)]);
+    assert!(
+        answer.starts_with("HTTP/1.1 200"),
+        "{}",
+        &answer[..answer.len().min(200)]
+    );
     assert!(answer.contains("[0,"), "{answer}");
-    assert!(!answer.ends_with("0\r\n\r\n"), "a cut body ended like a whole one");
+    assert!(
+        !answer.ends_with("0\r\n\r\n"),
+        "a cut body ended like a whole one"
+    );
     // Well before the 10 s deadline, which no longer bounds a body.
     assert!(
         took >= Duration::from_secs(1) && took < Duration::from_secs(8),
@@ -112,7 +134,10 @@ async fn a_guest_that_stops_writing_mid_body_is_cut_at_the_stall_bound() {
     );
     let line = cut_line(&host);
     assert!(
-        line["error"].as_str().unwrap().contains("--response-stall-ms"),
+        line["error"]
+            .as_str()
+            .unwrap()
+            .contains("--response-stall-ms"),
         "{line}"
     );
     assert_still_serving(&host).await;

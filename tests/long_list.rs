@@ -78,7 +78,10 @@ async fn whole_long_lists_outlive_the_deadline_in_bounded_memory(store: Store) {
         idle >> 20,
         peak >> 20
     );
-    assert!(computed > 0, "no computation was answered while the lists streamed");
+    assert!(
+        computed > 0,
+        "no computation was answered while the lists streamed"
+    );
     assert!(
         peak <= 2 * idle,
         "resident memory {} MiB while listing, {} MiB idle",

@@ -663,7 +663,10 @@ async fn a_body_a_reused_instance_writes_as_fast_as_a_slow_client_reads_outlives
     let host = reusing_host(
         "1000000",
         "16",
-        &[("REQUEST_TIMEOUT_MS", "300"), ("RESPONSE_TIMEOUT_MS", "1500")],
+        &[
+            ("REQUEST_TIMEOUT_MS", "300"),
+            ("RESPONSE_TIMEOUT_MS", "1500"),
+        ],
     );
     let started = Instant::now();
     let mut response = client().get(host.url("/flood")).send().await.unwrap();

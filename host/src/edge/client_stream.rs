@@ -181,9 +181,9 @@ impl<T> ClientStream<T> {
                             mark.store(true, Ordering::Relaxed);
                         }
                         Poll::Ready(Err(io::Error::new(
-                        io::ErrorKind::TimedOut,
-                        "the client stopped reading",
-                    )))
+                            io::ErrorKind::TimedOut,
+                            "the client stopped reading",
+                        )))
                     }
                     Poll::Pending => Poll::Pending,
                 }

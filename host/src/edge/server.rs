@@ -531,13 +531,10 @@ pub async fn serve(listener: TcpListener, app: Arc<App>, shutdown: impl Future<O
             .max_header_size(MAX_HEADER_BYTES)
             .max_buf_size(MAX_HEADER_BYTES)
             .serve_connection(
-                TokioIo::new(ClientStream::new(
-                    stream,
-                    response_stall,
-                    drain_on_close,
-                    linger,
-                )
-                .marking_stalls(stalled.0)),
+                TokioIo::new(
+                    ClientStream::new(stream, response_stall, drain_on_close, linger)
+                        .marking_stalls(stalled.0),
+                ),
                 service,
             );
         let connection = connections.watch(connection);

@@ -288,9 +288,8 @@ impl Guest {
                     .slots
                     .start_streaming(&permit, task.abort_handle());
                 let bounds = self.limits.body;
-                Ok(response.map(|body| {
-                    GuestBody::new(body, task, bounds, body_metrics, client_stalled)
-                }))
+                Ok(response
+                    .map(|body| GuestBody::new(body, task, bounds, body_metrics, client_stalled)))
             }
             Ok(Err(code)) => Err(RequestError::ErrorCode(code)),
             // The sender is dropped with the store: the task has ended without a response.

@@ -243,7 +243,10 @@ impl GuestBody {
     }
 
     /// Cuts the body at `cut`: stops a fresh instance, says why, and breaks the connection.
-    fn cut(&mut self, cut: Cut) -> Poll<Option<Result<http_body::Frame<Bytes>, wasmtime_wasi_http::Error>>> {
+    fn cut(
+        &mut self,
+        cut: Cut,
+    ) -> Poll<Option<Result<http_body::Frame<Bytes>, wasmtime_wasi_http::Error>>> {
         if let Some(task) = self.task.take() {
             task.abort();
         }
@@ -323,9 +326,11 @@ impl http_body::Body for GuestBody {
                 .instance
                 .as_ref()
                 .is_some_and(|instance| instance.failure().is_some());
-            return Poll::Ready(
-                cut.then(|| Err(cut_short("the reused instance failed while streaming the body"))),
-            );
+            return Poll::Ready(cut.then(|| {
+                Err(cut_short(
+                    "the reused instance failed while streaming the body",
+                ))
+            }));
         };
         let Poll::Ready(outcome) = Pin::new(task).poll(cx) else {
             return match this.clock.waiting(now, cx) {

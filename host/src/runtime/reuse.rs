@@ -137,9 +137,8 @@ impl ReusedInstances {
                 }
                 let instance = served.map(|served| Arc::clone(&served.instance));
                 let bounds = self.limits.body;
-                Ok(response.map(|body| {
-                    GuestBody::reused(body, ending, instance, bounds, client_stalled)
-                }))
+                Ok(response
+                    .map(|body| GuestBody::reused(body, ending, instance, bounds, client_stalled)))
             }
             Err(error) => {
                 // The request's task may have vanished with its instance, whose error reaches
@@ -649,7 +648,10 @@ impl WorkerExpiration for Expiry {
             WorkerStatus::Idle => since + expiry.idle_timeout,
             WorkerStatus::Requests => since + expiry.request_timeout,
             WorkerStatus::PostReturn => {
-                let progress = expiry.instance.body_progress().map_or(since, |at| at.max(since));
+                let progress = expiry
+                    .instance
+                    .body_progress()
+                    .map_or(since, |at| at.max(since));
                 (progress + expiry.body.stall).min(since + expiry.body.timeout)
             }
         };
