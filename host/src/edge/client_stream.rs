@@ -4,8 +4,11 @@
 //!
 //! **Write stalls.** hyper times out a request head that does not arrive, but nothing times out
 //! a response the client does not read: once the socket's buffers are full, the connection (its
-//! file descriptor, its place under the connection cap) would wait for ever. Here a write that
-//! makes no progress for the stall time fails, and hyper closes the connection.
+//! file descriptor, its place under the connection cap) would wait for ever. Here, once a write
+//! finds the socket full, the client must take [`MIN_RESPONSE_RATE`] bytes a second of the stall
+//! time (Kestrel's minimum response data rate) before the stall time is over, or the write
+//! fails and hyper closes the connection: a client that trickles a segment now and then is
+//! treated as one that stopped.
 //!
 //! **Lingering close.** Closing a socket that still holds bytes the host did not read makes the
 //! kernel reset the connection instead of ending it. A client still sending the rest of a body
@@ -47,6 +50,10 @@ pub const LINGER_TIME: Duration = Duration::from_secs(30);
 /// How many bytes beyond the body limit a closing connection discards, at most: a body over
 /// the limit by less than this, sent whole, gets its answer read.
 pub const MAX_DRAINED_BYTES: u64 = 64 << 20;
+
+/// The fewest bytes a second a client whose socket is full must take of a response, over the
+/// stall time: Kestrel's `MinResponseDataRate`.
+pub const MIN_RESPONSE_RATE: u64 = 240;
 
 /// Bytes read and discarded per read while draining; on the task's stack, nothing is kept.
 const DRAIN_CHUNK: usize = 16 * 1024;
@@ -97,8 +104,8 @@ pub struct ClientStream<T> {
     inner: T,
     /// How long a write may make no progress.
     write_stall: Duration,
-    /// Started by a write that could not proceed, dropped by one that did.
-    stalled: Option<Pin<Box<Sleep>>>,
+    /// Started by a write that could not proceed, dropped once the client has taken enough.
+    stalled: Option<Stall>,
     drain_on_close: DrainOnClose,
     linger: Linger,
     /// Set once the host's side is shut: the drain under way.
@@ -109,6 +116,13 @@ pub struct ClientStream<T> {
     wrote_any: bool,
     /// Set when a write stall closes the connection, for the response body it cut to say so.
     stall_mark: Option<Arc<AtomicBool>>,
+}
+
+/// A socket found full: the client must take `needed` bytes before `clock` runs out.
+struct Stall {
+    clock: Pin<Box<Sleep>>,
+    taken: u64,
+    needed: u64,
 }
 
 struct Rewriting {
@@ -158,24 +172,35 @@ impl<T> ClientStream<T> {
         }
     }
 
-    /// Passes on a write's `outcome`; a write still pending once the stall time has passed
-    /// without progress fails instead.
-    fn watch_stall<R>(
+    /// Passes on the `outcome` of a write of `offered` bytes (a flush offers none); once a write
+    /// has found the socket full, one still pending when the stall time is over, the client
+    /// having taken less than its minimum rate since, fails instead.
+    fn watch_stall<R: Taken>(
         &mut self,
         cx: &mut Context<'_>,
         outcome: Poll<io::Result<R>>,
+        offered: usize,
     ) -> Poll<io::Result<R>> {
         match outcome {
             Poll::Ready(result) => {
-                self.stalled = None;
+                if let (Some(stall), Ok(taken)) = (self.stalled.as_mut(), &result) {
+                    stall.taken += taken.bytes() as u64;
+                    // Taken whole, the write found room: the socket is full no more.
+                    let room = offered > 0 && taken.bytes() == offered;
+                    if room || stall.taken >= stall.needed {
+                        self.stalled = None;
+                    }
+                }
                 Poll::Ready(result)
             }
             Poll::Pending => {
                 let write_stall = self.write_stall;
-                let clock = self
-                    .stalled
-                    .get_or_insert_with(|| Box::pin(tokio::time::sleep(write_stall)));
-                match clock.as_mut().poll(cx) {
+                let stall = self.stalled.get_or_insert_with(|| Stall {
+                    clock: Box::pin(tokio::time::sleep(write_stall)),
+                    taken: 0,
+                    needed: (MIN_RESPONSE_RATE * write_stall.as_millis() as u64 / 1000).max(1),
+                });
+                match stall.clock.as_mut().poll(cx) {
                     Poll::Ready(()) => {
                         if let Some(mark) = &self.stall_mark {
                             mark.store(true, Ordering::Relaxed);
@@ -189,6 +214,23 @@ impl<T> ClientStream<T> {
                 }
             }
         }
+    }
+}
+
+/// What a finished write or flush gave the client, in bytes.
+trait Taken {
+    fn bytes(&self) -> usize;
+}
+
+impl Taken for usize {
+    fn bytes(&self) -> usize {
+        *self
+    }
+}
+
+impl Taken for () {
+    fn bytes(&self) -> usize {
+        0
     }
 }
 
@@ -245,9 +287,10 @@ impl<T: AsyncRead + AsyncWrite + Unpin> ClientStream<T> {
                 self.wrote_any = true;
                 return Poll::Ready(Ok(replaces));
             }
-            let outcome =
-                Pin::new(&mut self.inner).poll_write(cx, &rewriting.bytes[rewriting.written..]);
-            match std::task::ready!(self.watch_stall(cx, outcome)) {
+            let rest = &rewriting.bytes[rewriting.written..];
+            let offered = rest.len();
+            let outcome = Pin::new(&mut self.inner).poll_write(cx, rest);
+            match std::task::ready!(self.watch_stall(cx, outcome, offered)) {
                 Ok(0) => return Poll::Ready(Err(io::ErrorKind::WriteZero.into())),
                 Ok(written) => {
                     if let Some(rewriting) = self.rewriting.as_mut() {
@@ -316,7 +359,7 @@ impl<T: AsyncRead + AsyncWrite + Unpin> AsyncWrite for ClientStream<T> {
         }
         let outcome = Pin::new(&mut self.inner).poll_write(cx, buf);
         self.wrote_any |= matches!(outcome, Poll::Ready(Ok(written)) if written > 0);
-        self.watch_stall(cx, outcome)
+        self.watch_stall(cx, outcome, buf.len())
     }
 
     fn poll_write_vectored(
@@ -331,7 +374,8 @@ impl<T: AsyncRead + AsyncWrite + Unpin> AsyncWrite for ClientStream<T> {
         }
         let outcome = Pin::new(&mut self.inner).poll_write_vectored(cx, bufs);
         self.wrote_any |= matches!(outcome, Poll::Ready(Ok(written)) if written > 0);
-        self.watch_stall(cx, outcome)
+        let offered = bufs.iter().map(|part| part.len()).sum();
+        self.watch_stall(cx, outcome, offered)
     }
 
     fn is_write_vectored(&self) -> bool {
@@ -340,7 +384,7 @@ impl<T: AsyncRead + AsyncWrite + Unpin> AsyncWrite for ClientStream<T> {
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         let outcome = Pin::new(&mut self.inner).poll_flush(cx);
-        self.watch_stall(cx, outcome)
+        self.watch_stall(cx, outcome, 0)
     }
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
@@ -519,6 +563,24 @@ mod tests {
         let error = guarded.write_all(&[0; 64 * 1024]).await.unwrap_err();
         assert_eq!(error.kind(), io::ErrorKind::TimedOut);
         assert!(started.elapsed() < Duration::from_secs(2));
+    }
+
+    #[tokio::test]
+    async fn a_reader_that_takes_less_than_the_minimum_rate_fails_after_the_stall_time() {
+        let (writer, mut reader) = tokio::io::duplex(1024);
+        // 240 bytes owed in the second; 16 every 200 ms is 80.
+        let mut guarded = unmarked(writer, Duration::from_secs(1));
+        let trickling = tokio::spawn(async move {
+            let mut buf = [0; 16];
+            while reader.read(&mut buf).await.is_ok_and(|read| read > 0) {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        });
+        let started = std::time::Instant::now();
+        let error = guarded.write_all(&[0; 64 * 1024]).await.unwrap_err();
+        assert_eq!(error.kind(), io::ErrorKind::TimedOut);
+        assert!(started.elapsed() < Duration::from_secs(3));
+        trickling.abort();
     }
 
     #[tokio::test]

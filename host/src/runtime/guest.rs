@@ -264,7 +264,8 @@ impl Guest {
                         metrics.observe_instantiation(took);
                     }
                 };
-                call.run(&mut store, started, instantiated).await
+                call.run(&mut store, started, instantiated, &task_deadline.head_out)
+                    .await
             };
             tokio::select! {
                 outcome = timed(exchange, &record.cost) => outcome,
@@ -377,12 +378,15 @@ impl Call {
     }
 
     /// Instantiates the guest in `store`, saying how long that took to `instantiated`, and
-    /// runs the call until the instance has nothing left to do.
+    /// runs the call until the instance has nothing left to do; a WASIp3 answer sets
+    /// `head_out` before it goes (a WASIp2 one goes through wasmtime-wasi-http's outparam, and
+    /// the caller sets it on receipt).
     async fn run(
         self,
         store: &mut Store<RequestState>,
         started: Instant,
         instantiated: impl FnOnce(Duration),
+        head_out: &AtomicBool,
     ) -> wasmtime::Result<()> {
         match self {
             Call::P2 {
@@ -416,6 +420,8 @@ impl Call {
                                         <RequestState as WasiHttpView>::http,
                                     )
                                 })?;
+                                // Out of the deadline's reach before the caller hears of it.
+                                head_out.store(true, Ordering::Relaxed);
                                 let _ = answer.send(Ok(response));
                             }
                             Err(code) => {

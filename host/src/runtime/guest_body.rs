@@ -15,7 +15,7 @@ use crate::observability::metrics::{Metrics, TRAP_MOMENTS};
 use crate::observability::request_fields::{self, RequestFields};
 use crate::observability::request_span::log_records_exported;
 use crate::runtime::capacity::BodyBounds;
-use crate::runtime::store::ServingInstance;
+use crate::runtime::store::{OpenBodies, ServingInstance};
 use wasmtime_wasi_http::p2::body::HyperOutgoingBody;
 
 /// A guest's response body, bounded by progress instead of the request's deadline, that ends
@@ -23,9 +23,11 @@ use wasmtime_wasi_http::p2::body::HyperOutgoingBody;
 ///
 /// Once the head is out, the body streams as long as both sides make progress: it is cut when
 /// the guest writes none of it for [`BodyBounds::stall`] (hyper asks for a frame and none comes),
-/// when the client reads none of it for as long (hyper stops asking, and the connection's write
-/// stall closes it), or when it has streamed for [`BodyBounds::timeout`]. Each cut stops the
-/// instance and says which bound in its log line.
+/// when the client takes less than 240 bytes a second of it for as long (hyper stops asking,
+/// and the connection's write stall closes it), or when it has streamed for
+/// [`BodyBounds::timeout`]. Each cut says which bound in its log line and stops a fresh
+/// instance; a reused one is stopped by its expiry (`runtime::reuse`) once a body has waited on
+/// it for the stall bound.
 ///
 /// wasmtime-wasi-http ends a body normally when its instance goes away mid-stream: with chunked
 /// encoding the client would see a cut-short body as complete. Here the end of the body waits
@@ -55,6 +57,8 @@ struct ProgressClock {
     waiting_since: Option<Instant>,
     /// Wakes the body at the next bound due while it waits on the guest.
     timer: Pin<Box<Sleep>>,
+    /// Set once the guest has ended the stream: the body then waits for its task to end.
+    stream_ended: bool,
     ended: bool,
 }
 
@@ -75,6 +79,7 @@ impl ProgressClock {
             ends: now + bounds.timeout,
             waiting_since: None,
             timer: Box::pin(tokio::time::sleep_until(now + bounds.timeout)),
+            stream_ended: false,
             ended: false,
         }
     }
@@ -83,6 +88,11 @@ impl ProgressClock {
     fn frame(&mut self, now: Instant) -> Option<Cut> {
         self.waiting_since = None;
         (now >= self.ends).then_some(Cut::TimedOut)
+    }
+
+    /// Whether hyper waits on the guest for the body's next bytes.
+    fn waits(&self) -> bool {
+        self.waiting_since.is_some() && !self.ended
     }
 
     /// hyper waits on the guest at `now`: the cut due, else `None` with the timer set to wake
@@ -106,6 +116,10 @@ impl ProgressClock {
     /// Why the body was cut at `cut`, for its log line.
     fn cause(&self, cut: Cut) -> String {
         match cut {
+            Cut::GuestStalled if self.stream_ended => format!(
+                "the guest ended its body but ran on for {} ms (--response-stall-ms)",
+                self.bounds.stall.as_millis()
+            ),
             Cut::GuestStalled => format!(
                 "the guest wrote none of its body for {} ms (--response-stall-ms)",
                 self.bounds.stall.as_millis()
@@ -232,13 +246,27 @@ impl GuestBody {
         bounds: BodyBounds,
         client_stalled: Arc<AtomicBool>,
     ) -> GuestBody {
-        GuestBody {
+        let body = GuestBody {
             inner,
             task: None,
             report: CutReport::current(None, client_stalled),
             _request: Some(Box::new(request)),
             instance,
             clock: ProgressClock::new(bounds),
+        };
+        body.tell_instance(|bodies| bodies.open += 1);
+        body
+    }
+
+    /// Tells the reused instance writing the body, if any, of a `change` in its bodies.
+    fn tell_instance(&self, change: impl FnOnce(&mut OpenBodies)) {
+        if let Some(instance) = &self.instance {
+            instance.bodies(|bodies| {
+                change(bodies);
+                if let Some(expiry) = bodies.expiry.take() {
+                    expiry.wake();
+                }
+            });
         }
     }
 
@@ -262,6 +290,13 @@ impl Drop for GuestBody {
         if !self.clock.ended && self.report.client_stalled.load(Ordering::Relaxed) {
             self.report.client_stalled(self.clock.bounds.stall);
         }
+        let waits = self.clock.waits();
+        self.tell_instance(|bodies| {
+            bodies.open -= 1;
+            if waits {
+                bodies.waiting_changed(false);
+            }
+        });
         let Some(task) = self.task.take() else {
             return;
         };
@@ -291,16 +326,37 @@ impl http_body::Body for GuestBody {
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<http_body::Frame<Bytes>, Self::Error>>> {
-        let this = &mut *self;
+        let was_waiting = self.clock.waits();
+        let poll = self.poll_body(cx);
+        if self.clock.waits() != was_waiting {
+            self.tell_instance(|bodies| bodies.waiting_changed(!was_waiting));
+        }
+        poll
+    }
+
+    fn is_end_stream(&self) -> bool {
+        // A reused instance's body ends only through `poll_frame`, which checks the instance.
+        self.task.is_none() && self.instance.is_none() && self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+impl GuestBody {
+    /// The next frame, or the body's end or cut.
+    fn poll_body(
+        &mut self,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Bytes>, wasmtime_wasi_http::Error>>> {
+        let this = self;
         if this.clock.ended {
             return Poll::Ready(None);
         }
         let now = Instant::now();
-        match Pin::new(&mut this.inner).poll_frame(cx) {
+        match http_body::Body::poll_frame(Pin::new(&mut this.inner), cx) {
             Poll::Ready(Some(Ok(frame))) => {
-                if let Some(instance) = &this.instance {
-                    instance.body_progressed();
-                }
                 return match this.clock.frame(now) {
                     Some(cut) => this.cut(cut),
                     None => Poll::Ready(Some(Ok(frame))),
@@ -316,7 +372,7 @@ impl http_body::Body for GuestBody {
                     None => Poll::Pending,
                 };
             }
-            Poll::Ready(None) => {}
+            Poll::Ready(None) => this.clock.stream_ended = true,
         }
         // The guest has ended the stream: the body ends with its task, which has a stall's time
         // to end as well.
@@ -350,14 +406,5 @@ impl http_body::Body for GuestBody {
             }
             Err(join_error) => Poll::Ready(Some(Err(cut_short(&join_error.to_string())))),
         }
-    }
-
-    fn is_end_stream(&self) -> bool {
-        // A reused instance's body ends only through `poll_frame`, which checks the instance.
-        self.task.is_none() && self.instance.is_none() && self.inner.is_end_stream()
-    }
-
-    fn size_hint(&self) -> http_body::SizeHint {
-        self.inner.size_hint()
     }
 }

@@ -625,8 +625,9 @@ impl WorkerState for Worker {
 
 /// When an instance goes: idle past the idle timeout; working towards a response past the
 /// request deadline since its latest request came (the backstop of the per-request deadline,
-/// which a guest busy in a loop keeps from firing); or, every response head out, past the
-/// stall bound without a body's progress or past the body's timeout.
+/// which a guest busy in a loop keeps from firing); or, every response head out, when a body
+/// has waited on it for the stall bound, when its bodies have streamed for the body's timeout,
+/// or, none open, past the request deadline.
 struct Expiry {
     idle_timeout: Duration,
     request_timeout: Duration,
@@ -647,13 +648,15 @@ impl WorkerExpiration for Expiry {
         let at = match status {
             WorkerStatus::Idle => since + expiry.idle_timeout,
             WorkerStatus::Requests => since + expiry.request_timeout,
-            WorkerStatus::PostReturn => {
-                let progress = expiry
-                    .instance
-                    .body_progress()
-                    .map_or(since, |at| at.max(since));
-                (progress + expiry.body.stall).min(since + expiry.body.timeout)
-            }
+            // Every head is out: the instance writes bodies, or works on after its answers.
+            WorkerStatus::PostReturn => expiry.instance.bodies(|bodies| {
+                bodies.expiry = Some(context.waker().clone());
+                match bodies.waiting_since {
+                    _ if bodies.open == 0 => since + expiry.request_timeout,
+                    Some(waiting) => (waiting + expiry.body.stall).min(since + expiry.body.timeout),
+                    None => since + expiry.body.timeout,
+                }
+            }),
         };
         if Instant::now() >= at {
             if status != WorkerStatus::Idle {

@@ -78,10 +78,12 @@ pub struct GuestSettings {
           value_parser = clap::value_parser!(u64).range(1..))]
     pub response_timeout_ms: u64,
 
-    /// Longest a response's body may make no progress, in milliseconds: its guest writing none
-    /// of it, or its client reading none; past it the response is cut short.
+    /// Longest a response may make no progress, in milliseconds (100 at least): its guest
+    /// writing none of its body, or its client, once the socket is full, taking less than 240
+    /// bytes a second; past it the response is cut short (for every response on a connection,
+    /// the host's pages too).
     #[arg(long, env = "RESPONSE_STALL_MS", default_value_t = DEFAULT_RESPONSE_STALL_MS,
-          value_parser = clap::value_parser!(u64).range(1..))]
+          value_parser = clap::value_parser!(u64).range(100..))]
     pub response_stall_ms: u64,
 
     /// Linear memory cap per guest instance, in MiB.

@@ -364,8 +364,21 @@ pub struct ServingInstance {
     retired: AtomicBool,
     /// Wakes those waiting on `ended` or `settled`.
     changed: tokio::sync::Notify,
-    /// When a body the instance writes last went on to its client.
-    body_progress: Mutex<Option<Instant>>,
+    /// The bodies the instance writes, and those of them waiting on it, for its expiry.
+    bodies: Mutex<OpenBodies>,
+}
+
+/// The response bodies a reused instance writes, as its expiry needs them.
+#[derive(Default)]
+pub struct OpenBodies {
+    /// Bodies still open.
+    pub open: usize,
+    /// Of those, bodies whose client waits for the guest's next bytes.
+    pub waiting: usize,
+    /// Since when some body has been waiting, while any is.
+    pub waiting_since: Option<Instant>,
+    /// Wakes the instance's expiry when a body starts waiting.
+    pub expiry: Option<std::task::Waker>,
 }
 
 /// Why a reused instance failed.
@@ -374,6 +387,21 @@ pub struct InstanceFailure {
     pub cause: String,
     /// Whether the memory budget, not the guest, was short.
     pub by_budget: bool,
+}
+
+impl OpenBodies {
+    /// One body more (`true`) or less waiting on the instance.
+    pub fn waiting_changed(&mut self, waits: bool) {
+        if waits {
+            self.waiting += 1;
+            self.waiting_since.get_or_insert_with(Instant::now);
+        } else {
+            self.waiting = self.waiting.saturating_sub(1);
+            if self.waiting == 0 {
+                self.waiting_since = None;
+            }
+        }
+    }
 }
 
 impl ServingInstance {
@@ -397,20 +425,9 @@ impl ServingInstance {
         }
     }
 
-    /// Says that a body the instance writes has just gone on to its client.
-    pub fn body_progressed(&self) {
-        *self
-            .body_progress
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner) = Some(Instant::now());
-    }
-
-    /// When a body the instance writes last went on to its client, if one has.
-    pub fn body_progress(&self) -> Option<Instant> {
-        *self
-            .body_progress
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
+    /// The bodies the instance writes, for `change` to count or its expiry to read.
+    pub fn bodies<R>(&self, change: impl FnOnce(&mut OpenBodies) -> R) -> R {
+        change(&mut self.bodies.lock().unwrap_or_else(PoisonError::into_inner))
     }
 
     /// Keeps the instance from taking another request; `true` the first time.
