@@ -408,3 +408,46 @@ impl GuestBody {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    const BOUNDS: BodyBounds = BodyBounds {
+        timeout: Duration::from_secs(60),
+        stall: Duration::from_secs(10),
+    };
+
+    #[tokio::test(start_paused = true)]
+    async fn a_body_is_cut_once_its_guest_has_written_nothing_for_the_stall_bound() {
+        let mut clock = ProgressClock::new(BOUNDS);
+        let mut cx = Context::from_waker(std::task::Waker::noop());
+        assert_eq!(clock.waiting(Instant::now(), &mut cx), None);
+        tokio::time::advance(Duration::from_secs(9)).await;
+        assert_eq!(clock.waiting(Instant::now(), &mut cx), None);
+        // A frame starts the count again.
+        assert_eq!(clock.frame(Instant::now()), None);
+        tokio::time::advance(Duration::from_secs(9)).await;
+        assert_eq!(clock.waiting(Instant::now(), &mut cx), None);
+        tokio::time::advance(Duration::from_secs(10)).await;
+        assert_eq!(
+            clock.waiting(Instant::now(), &mut cx),
+            Some(Cut::GuestStalled)
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_body_that_keeps_coming_is_cut_only_at_its_timeout() {
+        let mut clock = ProgressClock::new(BOUNDS);
+        for _ in 0..59 {
+            tokio::time::advance(Duration::from_secs(1)).await;
+            assert_eq!(clock.frame(Instant::now()), None);
+        }
+        tokio::time::advance(Duration::from_secs(1)).await;
+        assert_eq!(clock.frame(Instant::now()), Some(Cut::TimedOut));
+        let cause = clock.cause(Cut::TimedOut);
+        assert!(cause.contains("--response-timeout-ms"), "{cause}");
+    }
+}
