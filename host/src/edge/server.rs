@@ -433,11 +433,6 @@ fn is_host_and_port(text: &[u8]) -> bool {
 #[derive(Clone, Copy)]
 struct Peer(IpAddr);
 
-/// Set when the connection's client took none of a response for the stall bound, so the
-/// response body that was cut says why.
-#[derive(Clone, Default)]
-struct ClientStalled(Arc<AtomicBool>);
-
 impl Peer {
     /// The peer of a connection from `address`.
     fn of(address: IpAddr) -> Peer {
@@ -450,6 +445,11 @@ impl Peer {
         }
     }
 }
+
+/// Set when the connection's client took too little of a response for the stall bound, so the
+/// response body that was cut says why.
+#[derive(Clone, Default)]
+struct ClientStalled(Arc<AtomicBool>);
 
 /// Bytes of a response the kernel holds for a client beyond what is in flight to it.
 const MAX_UNSENT_BYTES: u32 = 16 * 1024;

@@ -140,7 +140,8 @@ struct CutReport {
     exported: Option<opentelemetry::Context>,
     /// Where a guest's failure is counted, for a client's request.
     metrics: Option<Arc<Metrics>>,
-    /// Set by the connection when its client took none of the response for the stall bound.
+    /// Set by the connection when its client took too little of the response for the stall
+    /// bound.
     client_stalled: Arc<AtomicBool>,
 }
 
@@ -192,12 +193,14 @@ impl CutReport {
         }
     }
 
-    /// The WARN line of a client that took none of its response for `stall`.
+    /// The WARN line of a client that took less than the minimum rate of its response for
+    /// `stall`.
     fn client_stalled(&self, stall: std::time::Duration) {
         self.in_request(|| {
             tracing::warn!(
                 stall_ms = stall.as_millis() as u64,
-                "the client took none of the body for --response-stall-ms; response cut short"
+                "the client took less than 240 bytes a second of the body for \
+                 --response-stall-ms; response cut short"
             );
         });
     }
@@ -218,7 +221,7 @@ fn cut_short(why: &str) -> wasmtime_wasi_http::Error {
 impl GuestBody {
     /// The body of a fresh instance's response, whose `task` runs the instance, within
     /// `bounds` from now; a failure is counted in `metrics`, and the connection sets
-    /// `client_stalled` when its client takes none of it for the stall bound.
+    /// `client_stalled` when its client takes too little of it for the stall bound.
     pub(crate) fn new(
         inner: HyperOutgoingBody,
         task: tokio::task::JoinHandle<wasmtime::Result<()>>,

@@ -59,7 +59,8 @@ pub struct RequestContext {
     record: Arc<RequestRecord>,
     /// Where the request is reported; `None` for requests the host sends itself.
     reporting: Option<Reporting>,
-    /// Set by the connection when its client took none of a response for the stall bound.
+    /// Set by the connection when its client took too little of a response for the stall
+    /// bound.
     client_stalled: Arc<AtomicBool>,
 }
 
@@ -92,8 +93,8 @@ impl RequestContext {
         }
     }
 
-    /// The same request, whose connection sets `client_stalled` when its client takes none of
-    /// a response for the stall bound.
+    /// The same request, whose connection sets `client_stalled` when its client takes too
+    /// little of a response for the stall bound.
     pub fn with_client_stalled(self, client_stalled: Arc<AtomicBool>) -> RequestContext {
         RequestContext {
             client_stalled,
@@ -101,7 +102,7 @@ impl RequestContext {
         }
     }
 
-    /// Set when the request's client took none of its response for the stall bound.
+    /// Set when the request's client took too little of its response for the stall bound.
     pub fn client_stalled(&self) -> &Arc<AtomicBool> {
         &self.client_stalled
     }
