@@ -1,7 +1,8 @@
 //! The layout of both crates, read from their sources: no module imports a module that imports
 //! it back, however far round, and none imports from a layer above its own. A reference is any
 //! `crate::` path (`host::` in `main.rs`), a `super::` path, or a `use` of a child module, in
-//! code or in a doc link; test modules are left out.
+//! code or in a doc link; test modules are left out. No host module keeps a request's facts
+//! beside the path: no `thread_local!`, and no static but the process-wide ones listed here.
 //!
 //! Run alone: `cargo test -p host --test architecture`.
 
@@ -29,6 +30,26 @@ const GUEST_LAYERS: &[&[&str]] = &[
     &["limits"],
 ];
 
+/// The host's statics, by module and name, each with why it is the process's and no request's.
+const HOST_STATICS: &[(&str, &str, &str)] = &[
+    ("main", "ALLOCATOR", "the global allocator"),
+    (
+        "observability::request_span",
+        "TRACER",
+        "the tracer, set once at start-up",
+    ),
+    (
+        "observability::pipeline",
+        "GUEST_SPANS",
+        "the span exporter's processor, set once at start-up",
+    ),
+    (
+        "runtime::page_scan",
+        "PAGEMAP",
+        "the process's pagemap file, opened once",
+    ),
+];
+
 /// A crate's modules, each with the modules it references.
 type Graph = BTreeMap<String, BTreeSet<String>>;
 
@@ -50,6 +71,43 @@ fn no_host_module_imports_from_a_layer_above_its_own() {
 #[test]
 fn no_guest_module_imports_from_a_layer_above_its_own() {
     assert_layered(&graph("guest"), GUEST_LAYERS);
+}
+
+#[test]
+fn no_host_module_keeps_a_thread_local() {
+    let keeping: Vec<String> = sources(&crate_root("host"))
+        .into_iter()
+        .filter(|(_, path)| outside_tests(path).contains("thread_local!"))
+        .map(|(module, _)| module)
+        .collect();
+    assert!(keeping.is_empty(), "thread-locals in {keeping:?}");
+}
+
+#[test]
+fn the_hosts_only_statics_are_the_listed_process_wide_ones() {
+    let mut found = Vec::new();
+    for (module, path) in sources(&crate_root("host")) {
+        for name in statics(&outside_tests(&path)) {
+            found.push((module.clone(), name));
+        }
+    }
+    let unlisted: Vec<_> = found
+        .iter()
+        .filter(|(module, name)| {
+            !HOST_STATICS
+                .iter()
+                .any(|(listed, static_name, _)| listed == module && static_name == name)
+        })
+        .collect();
+    assert!(unlisted.is_empty(), "statics not listed: {unlisted:?}");
+    assert_eq!(found.len(), HOST_STATICS.len(), "a listed static is gone");
+}
+
+#[test]
+fn the_reader_sees_a_static_and_leaves_a_static_lifetime() {
+    let text =
+        "static A: u8 = 0;\n    pub(crate) static mut B: u8 = 0;\nfn f(x: &'static str) {}\n";
+    assert_eq!(statics(text), ["A", "B"]);
 }
 
 #[test]
@@ -175,12 +233,7 @@ fn circles(graph: &Graph) -> Vec<Vec<String>> {
 
 /// The module graph of the workspace crate `name`, its test modules left out.
 fn graph(name: &str) -> Graph {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("the host crate sits in the workspace")
-        .join(name)
-        .join("src");
-    let files = sources(&src);
+    let files = sources(&crate_root(name));
     let modules: BTreeSet<String> = files.keys().cloned().collect();
     let mut graph = Graph::new();
     for (module, path) in &files {
@@ -382,4 +435,42 @@ fn longest_module(path: &str, modules: &BTreeSet<String>) -> Option<String> {
         .rev()
         .map(|length| segments[..length].join("::"))
         .find(|prefix| modules.contains(prefix))
+}
+
+/// The `src` folder of a workspace crate.
+fn crate_root(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("..")
+        .join(name)
+        .join("src")
+}
+
+/// A source file's text before its test module.
+fn outside_tests(path: &Path) -> String {
+    let text = std::fs::read_to_string(path).unwrap();
+    match text.find("#[cfg(test)]\nmod ") {
+        Some(tests) => text[..tests].to_string(),
+        None => text,
+    }
+}
+
+/// The names of the statics `text` declares, at any depth.
+fn statics(text: &str) -> Vec<String> {
+    text.lines()
+        .filter_map(|line| {
+            let line = line.trim_start();
+            let line = match line.strip_prefix("pub") {
+                Some(rest) if rest.starts_with('(') => rest.split_once(')')?.1.trim_start(),
+                Some(rest) => rest.trim_start(),
+                None => line,
+            };
+            let rest = line.strip_prefix("static ")?;
+            let rest = rest.strip_prefix("mut ").unwrap_or(rest);
+            let name: String = rest
+                .chars()
+                .take_while(|c| c.is_alphanumeric() || *c == '_')
+                .collect();
+            (!name.is_empty()).then_some(name)
+        })
+        .collect()
 }

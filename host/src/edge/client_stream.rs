@@ -1,32 +1,16 @@
 //! The socket of one client's connection, and what the host asks of it beyond reading and
-//! writing: to give up on a client that stops reading, and to close without resetting a client
-//! still sending a request the host answered before reading it whole.
+//! writing.
 //!
-//! **Write stalls.** hyper times out a request head that does not arrive, but nothing times out
-//! a response the client does not read: once the socket's buffers are full, the connection (its
-//! file descriptor, its place under the connection cap) would wait for ever. Here, once a write
-//! finds the socket full, the client must take [`MIN_RESPONSE_RATE`] bytes a second of the stall
-//! time (Kestrel's minimum response data rate) before the stall time is over, or the write
-//! fails and hyper closes the connection: a client that trickles a segment now and then is
-//! treated as one that stopped.
-//!
-//! **Lingering close.** Closing a socket that still holds bytes the host did not read makes the
-//! kernel reset the connection instead of ending it. A client still sending the rest of a body
-//! over the limit then has its write fail (a broken pipe, or a reset that can discard the answer
-//! it has not read yet), and never sees the 413 it was sent. So, like a web server's lingering
-//! close, such a connection first ends its own side, then reads and discards what the client
-//! still sends, until the client closes, or sends nothing for [`LINGER_IDLE`], or has sent
-//! [`MAX_DRAINED_BYTES`] beyond the body limit, or [`LINGER_TIME`] has passed, whichever comes
-//! first. Only then is the socket closed. A connection lingers only when the request path
-//! marked it ([`DrainOnClose`], set for every answer the host gives before it read the whole
-//! request). Idle connections closed at shutdown, which owe nothing, close at once.
-//!
-//! **hyper's own answers.** A request hyper cannot parse (or whose target or head is over its
-//! limits) never reaches the host: hyper answers it with a bare head of its own. When that is
-//! the first thing written on the connection, it goes out in the contract's form, with a request
-//! id and a JSON error body ([`responses::contract_form_of_hypers_own_answer`]), and a WARN line
-//! with that id. Only then: later on a connection, the same bytes could be the body of a guest's
-//! answer, whose length the client was already told.
+//! - **Write stalls.** Nothing in hyper times out a response the client does not read. Once a
+//!   write finds the socket full, the client must take [`MIN_RESPONSE_RATE`] bytes a second
+//!   (Kestrel's minimum response data rate) over the stall time, or the connection is closed.
+//! - **Lingering close.** A socket closed with unread bytes is reset, and a client still sending
+//!   an over-limit body would lose the 413 it was sent. A connection the request path marked
+//!   ([`DrainOnClose`]) ends its own side first, then discards what the client sends, within
+//!   [`LINGER_IDLE`], [`MAX_DRAINED_BYTES`] and [`LINGER_TIME`].
+//! - **hyper's own answers.** A request hyper cannot parse gets hyper's bare head. When that is
+//!   the first thing written on the connection, it goes out in the contract's form, with a
+//!   request id and a JSON error body ([`responses::contract_form_of_hypers_own_answer`]).
 
 use std::future::Future;
 use std::io;

@@ -170,7 +170,7 @@ impl UserCalls {
             } else {
                 parent
             };
-            let _current = request_span::attach_for_log_records(in_span);
+            let _current = in_span.clone().attach();
             tracing::debug!(operation = call.label(), reason, "user store call failed");
             self.record
                 .fault(|| format!("user store call {} failed: {reason}", call.label()));
@@ -179,15 +179,15 @@ impl UserCalls {
         outcome
     }
 
-    /// The call's client span, while the request has spans left: an empty context otherwise.
+    /// The call's client span, while the request has spans left: no span otherwise.
     fn span(&mut self, call: StoreCall, parent: &Context) -> Context {
         if self.spans_left == 0 {
-            return Context::new();
+            return request_span::no_span_under(parent);
         }
         self.spans_left -= 1;
         // Nothing to build when no span is exported (the request's is then empty).
         if !parent.has_active_span() {
-            return Context::new();
+            return request_span::no_span_under(parent);
         }
         let target = self.store.span_target();
         let mut attributes = vec![

@@ -435,6 +435,8 @@ mod tests {
     use tracing_subscriber::layer::SubscriberExt;
 
     use super::*;
+    use opentelemetry::Context;
+
     use crate::observability::request_fields::RequestFields;
 
     /// An `io::Write` into a buffer the test reads afterwards.
@@ -646,9 +648,10 @@ mod tests {
         request.record_i64("http.response.status_code", 200);
         request.record_i64("http.response.status_code", 503);
         let lines = lines_logged_by(|| {
-            request_fields::in_request(Some(&request), || {
+            {
+                let _request = request_fields::with_fields(Context::new(), Some(&request)).attach();
                 tracing::warn!(detail = "late", "failed")
-            });
+            }
             tracing::info!("after the request");
         });
         let line = &lines[0];
@@ -676,10 +679,9 @@ mod tests {
         let request = RequestFields::new();
         request.record_str("request_id", "id-1");
         let mut lines = lines_logged_by(|| {
-            request_fields::in_request(Some(&request), || {
-                let message = "from the guest";
-                tracing::info!(guest_fields = fields, message);
-            });
+            let _request = request_fields::with_fields(Context::new(), Some(&request)).attach();
+            let message = "from the guest";
+            tracing::info!(guest_fields = fields, message);
         });
         lines.remove(0)
     }

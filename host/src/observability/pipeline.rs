@@ -174,7 +174,7 @@ pub fn init(settings: &TelemetrySettings) -> Telemetry {
         EnvFilter::try_new(&settings.log_filter)
             .unwrap_or_else(|_| EnvFilter::new(DEFAULT_LOG_FILTER))
     };
-    // A request's fields come from `request_fields`, not from a span: spans are filtered by the
+    // A request's fields come from its OpenTelemetry context, not from a span: spans are filtered by the
     // level like events. The filter's level hint matters: it sets the `log` crate's maximum
     // level, and cranelift logs every compilation step through `log` at debug and trace.
     let logs = tracing_subscriber::fmt::layer()
@@ -194,10 +194,9 @@ pub fn init(settings: &TelemetrySettings) -> Telemetry {
         .map_err(|error| problems.push(("spans", error)))
         .ok()
         .flatten();
-    request_span::install(
-        tracer.as_ref().map(|provider| provider.tracer(HOST_TRACER)),
-        logger.is_some(),
-    );
+    if let Some(provider) = &tracer {
+        request_span::install(provider.tracer(HOST_TRACER));
+    }
     let log_records = logger.as_ref().map(|provider| {
         // With a hint that passes the log filter's on: without one, the subscriber's maximum
         // level (and the `log` crate's, cranelift's) would become TRACE.

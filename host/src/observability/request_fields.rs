@@ -1,19 +1,15 @@
 //! The fields every log line of a request carries (`request_id`, `trace_id`, `span_id`, method,
-//! path, route, status, guest version), and which request a thread is serving now.
+//! path, route, status, guest version), carried by the request's OpenTelemetry [`Context`].
 //!
-//! They were the fields of a `tracing` span, entered at every poll of the request's futures.
-//! The registry's span, its records, enters, exits and close were about 6 % of the real guest's
-//! request (bench/PROFILE.md, section 15); here a request's fields are one shared list, and
-//! serving a request is one thread-local pointer set around each poll. The JSON line format
-//! (`logs.rs`) reads them from there.
+//! The request's context is made current at each poll of its futures anyway (its span is the
+//! parent of the log records the SDK's appender exports), so the JSON line format (`logs.rs`)
+//! reads the fields from there too: one current value per request, and none of ours. A tracing
+//! span per request cost about 6 % of the real guest's request (bench/PROFILE.md, section 15).
 
-use std::cell::RefCell;
-use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
-use std::task::{Context, Poll};
 
+use opentelemetry::Context;
 use opentelemetry::trace::{SpanId, TraceId};
-use pin_project_lite::pin_project;
 
 /// Every name a request's fields may have: a guest's log field of one of these names is kept
 /// beside it as `guest.<name>`, whether or not the request has recorded it yet.
@@ -59,11 +55,6 @@ impl FieldValue {
             FieldValue::Span(span_id) => format!("\"{span_id}\""),
         }
     }
-}
-
-thread_local! {
-    /// The request whose future this thread is polling, if any.
-    static CURRENT: RefCell<Option<Arc<RequestFields>>> = const { RefCell::new(None) };
 }
 
 impl RequestFields {
@@ -117,60 +108,22 @@ impl RequestFields {
     }
 }
 
-/// The request this thread is serving now, if any.
+/// The fields of the request whose context is current, if any.
 pub fn current() -> Option<Arc<RequestFields>> {
-    // None, too, for a line written while the thread's storage is being torn down at its exit.
-    CURRENT
-        .try_with(|current| current.borrow().clone())
-        .ok()
-        .flatten()
+    Context::map_current(carried_by)
 }
 
-/// Runs `f` serving `request`, when there is one: the lines it writes carry the request's
-/// fields. The request served before is served again afterwards, even if `f` panics.
-pub fn in_request<R>(request: Option<&Arc<RequestFields>>, f: impl FnOnce() -> R) -> R {
-    let Some(request) = request else {
-        return f();
-    };
-    struct Restore(Option<Arc<RequestFields>>);
-    impl Drop for Restore {
-        fn drop(&mut self) {
-            CURRENT.with(|current| *current.borrow_mut() = self.0.take());
-        }
+/// The fields `context` carries, if it is a request's.
+pub fn carried_by(context: &Context) -> Option<Arc<RequestFields>> {
+    context.get::<Arc<RequestFields>>().cloned()
+}
+
+/// `context`, carrying `request`'s fields as well (when there is a request).
+pub fn with_fields(context: Context, request: Option<&Arc<RequestFields>>) -> Context {
+    match request {
+        Some(request) => context.with_value(Arc::clone(request)),
+        None => context,
     }
-    let _restore = Restore(CURRENT.with(|current| current.replace(Some(Arc::clone(request)))));
-    f()
-}
-
-pin_project! {
-    /// A future that serves its request at each of its polls: lines written while it runs carry
-    /// the request's fields.
-    pub struct Scoped<F> {
-        request: Option<Arc<RequestFields>>,
-        // Polled where it is: a request's future is large, and moving it costs a copy.
-        #[pin]
-        future: F,
-    }
-}
-
-impl<F: Future> Future for Scoped<F> {
-    type Output = F::Output;
-
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
-        let this = self.project();
-        in_request(this.request.as_ref(), || this.future.poll(cx))
-    }
-}
-
-/// `future`, serving `request` at each of its polls (when there is one).
-pub fn scoped<F: Future>(request: Option<Arc<RequestFields>>, future: F) -> Scoped<F> {
-    Scoped { request, future }
-}
-
-/// `future`, serving at each of its polls the request this thread serves now: for a task
-/// spawned on the request's behalf.
-pub fn in_current_request<F: Future>(future: F) -> Scoped<F> {
-    scoped(current(), future)
 }
 
 #[cfg(test)]
@@ -208,57 +161,15 @@ mod tests {
     }
 
     #[test]
-    fn a_thread_serves_a_request_only_inside_it_and_the_outer_one_again_after() {
+    fn the_current_fields_are_those_of_the_innermost_request_context_attached() {
         let outer = RequestFields::new();
         let inner = RequestFields::new();
         assert!(current().is_none());
-        in_request(Some(&outer), || {
-            in_request(Some(&inner), || {
-                assert!(Arc::ptr_eq(&current().unwrap(), &inner));
-            });
-            assert!(Arc::ptr_eq(&current().unwrap(), &outer));
-        });
-        assert!(current().is_none());
-    }
-
-    #[test]
-    fn a_panic_inside_a_request_leaves_the_thread_serving_none() {
-        let request = RequestFields::new();
-        let caught =
-            std::panic::catch_unwind(|| in_request(Some(&request), || panic!("in the request")));
-        assert!(caught.is_err());
-        assert!(current().is_none());
-    }
-
-    #[tokio::test(flavor = "current_thread")]
-    async fn a_scoped_future_serves_its_request_at_every_poll_and_not_between() {
-        let request = RequestFields::new();
-        let (resume, paused) = tokio::sync::oneshot::channel::<()>();
-        let (pausing, reached_pause) = tokio::sync::oneshot::channel::<()>();
-        let scoped_task = tokio::spawn(scoped(Some(Arc::clone(&request)), async move {
-            let first = current();
-            pausing.send(()).unwrap();
-            let _ = paused.await;
-            (first, current())
-        }));
-        // The one thread runs the scoped task up to its pause, then this test again.
-        reached_pause.await.unwrap();
-        assert!(
-            current().is_none(),
-            "between its polls the thread serves no request"
-        );
-        resume.send(()).unwrap();
-        let (first, second) = scoped_task.await.unwrap();
-        assert!(Arc::ptr_eq(&first.unwrap(), &request));
-        assert!(Arc::ptr_eq(&second.unwrap(), &request));
-    }
-
-    #[tokio::test]
-    async fn a_task_spawned_in_a_request_serves_it() {
-        let request = RequestFields::new();
-        let task = in_request(Some(&request), || {
-            tokio::spawn(in_current_request(async { current() }))
-        });
-        assert!(Arc::ptr_eq(&task.await.unwrap().unwrap(), &request));
+        let _outer = with_fields(Context::new(), Some(&outer)).attach();
+        {
+            let _inner = with_fields(Context::new(), Some(&inner)).attach();
+            assert!(Arc::ptr_eq(&current().unwrap(), &inner));
+        }
+        assert!(Arc::ptr_eq(&current().unwrap(), &outer));
     }
 }

@@ -2,27 +2,25 @@
 //! the caller's trace it continues, and what the answer adds to it; and the host's spans inside
 //! it.
 //!
-//! A request span is two things kept side by side: the OpenTelemetry span that is exported,
-//! built and ended on the SDK directly, and the fields its log lines repeat (`request_id`, the
-//! ids, method, path, route, status: [`RequestFields`]). Each field is written once to where it
-//! is read, and nothing runs between the two at every poll.
+//! A request span is one OpenTelemetry [`Context`] holding the span that is exported, built and
+//! ended on the SDK directly, and the fields its log lines repeat (`request_id`, the ids,
+//! method, path, route, status: [`RequestFields`]). It is made current at each poll of the
+//! request's futures: the SDK's log appender reads the span's ids from it, the JSON lines the
+//! fields.
 
 use std::borrow::Cow;
-use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
-use std::task::Poll;
 
 use http::{HeaderMap, Method, Uri};
+use opentelemetry::context::{FutureExt, WithContext};
 use opentelemetry::trace::{
     SpanContext, SpanId, SpanKind, Status, TraceContextExt, TraceId, Tracer,
 };
-use opentelemetry::{Context, ContextGuard, KeyValue};
+use opentelemetry::{Context, KeyValue};
 use opentelemetry_http::HeaderExtractor;
 use opentelemetry_sdk::trace::{IdGenerator, RandomIdGenerator, SdkTracer};
-use pin_project_lite::pin_project;
 
-use crate::observability::request_fields::{self, RequestFields, Scoped};
+use crate::observability::request_fields::{self, RequestFields};
 
 /// Longest `url.path` (and `url.query`) recorded on a span: a span must fit in one UDP packet
 /// to the agent.
@@ -53,23 +51,9 @@ pub const OTHER_METHOD: &str = "_OTHER";
 /// given once at start-up, when spans are exported.
 static TRACER: OnceLock<SdkTracer> = OnceLock::new();
 
-/// Whether log lines also go out as OTLP log records, whose trace and span ids are read from
-/// the OpenTelemetry context current when the line is written.
-static LOG_RECORDS_EXPORTED: AtomicBool = AtomicBool::new(false);
-
-/// Sets where the host's spans go (`None`: spans are not exported) and whether log lines also
-/// go out as log records; at start-up, by the telemetry pipeline.
-pub fn install(tracer: Option<SdkTracer>, log_records_exported: bool) {
-    if let Some(tracer) = tracer {
-        let _ = TRACER.set(tracer);
-    }
-    LOG_RECORDS_EXPORTED.store(log_records_exported, Ordering::Relaxed);
-}
-
-/// Whether log lines are exported as OTLP log records: only then must a request's
-/// OpenTelemetry context be made current while its lines are written.
-pub fn log_records_exported() -> bool {
-    LOG_RECORDS_EXPORTED.load(Ordering::Relaxed)
+/// Sets where the host's spans go; at start-up, by the telemetry pipeline.
+pub fn install(tracer: SdkTracer) {
+    let _ = TRACER.set(tracer);
 }
 
 /// The method's name when it is one of the nine standard ones; clients choose methods, so only
@@ -87,8 +71,8 @@ pub fn standard_method(method: &Method) -> Option<&'static str> {
 pub struct RequestSpan {
     /// The fields every log line of the request carries; none for the host's own requests.
     log: Option<Arc<RequestFields>>,
-    /// The exported span, in a context its children start under; an empty context when spans
-    /// are not exported or the request is the host's own.
+    /// The exported span (none when spans are not exported or the request is the host's own)
+    /// and the fields: the context the request's lines are written and its children start in.
     exported: Context,
 }
 
@@ -133,13 +117,17 @@ impl RequestSpan {
                     .with_kind(SpanKind::Server)
                     .with_attributes(attributes)
                     .start_with_context(tracer, &caller);
-                Context::new().with_span(span)
+                Some(span)
             }
-            None => Context::new(),
+            None => None,
+        };
+        let log = RequestFields::new();
+        let exported = match exported {
+            Some(span) => Context::new().with_value(Arc::clone(&log)).with_span(span),
+            None => Context::new().with_value(Arc::clone(&log)),
         };
         let caller_trace = caller.span().span_context().trace_id();
         let (trace_id, span_id) = log_ids(exported.span().span_context(), caller_trace);
-        let log = RequestFields::new();
         log.record_str("http.request.method", method_name);
         if let Some(original) = method_original {
             log.record_str("http.request.method_original", original);
@@ -244,20 +232,24 @@ impl RequestSpan {
     /// Runs `f` inside the request: its log lines carry the request's fields (and, as OTLP
     /// log records, its ids).
     pub fn in_scope<R>(&self, f: impl FnOnce() -> R) -> R {
-        self.in_span(&self.exported, f)
+        let _current = self.exported.clone().attach();
+        f()
     }
 
     /// Runs `f` inside the request, its OTLP log records carrying the ids of `span`: the
     /// request's span or one inside it.
     pub fn in_span<R>(&self, span: &Context, f: impl FnOnce() -> R) -> R {
-        let _current = attach_for_log_records(span);
-        request_fields::in_request(self.log.as_ref(), f)
+        let span = match request_fields::carried_by(span) {
+            Some(_) => span.clone(),
+            None => request_fields::with_fields(span.clone(), self.log.as_ref()),
+        };
+        let _current = span.attach();
+        f()
     }
 
     /// `future`, inside the request at each poll, as [`RequestSpan::in_scope`].
-    pub fn instrument<F: Future>(&self, future: F) -> Scoped<InLogContext<F>> {
-        let future = in_log_context(future, || self.exported.clone());
-        request_fields::scoped(self.log.clone(), future)
+    pub fn instrument<F: Future>(&self, future: F) -> WithContext<F> {
+        future.with_context(self.exported.clone())
     }
 
     fn record_log_str(&self, name: &'static str, value: &str) {
@@ -267,46 +259,9 @@ impl RequestSpan {
     }
 }
 
-/// Makes `context` the current one, when log records are exported (they read their ids from
-/// it), until the guard is dropped.
-pub fn attach_for_log_records(context: &Context) -> Option<ContextGuard> {
-    log_records_exported().then(|| context.clone().attach())
-}
-
-pin_project! {
-    /// A future with an OpenTelemetry context made current at each of its polls, if any.
-    pub struct InLogContext<F> {
-        context: Option<Context>,
-        // Polled where it is: a request's future is large, and moving it costs a copy.
-        #[pin]
-        future: F,
-    }
-}
-
-impl<F: Future> Future for InLogContext<F> {
-    type Output = F::Output;
-
-    fn poll(self: Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> Poll<F::Output> {
-        let this = self.project();
-        let _current = this
-            .context
-            .as_ref()
-            .map(|context| context.clone().attach());
-        this.future.poll(cx)
-    }
-}
-
-/// `future`, with the context `context` makes now current at each of its polls, when log
-/// records are exported; `context` is called here (not at the first poll), and only then.
-pub fn in_log_context<F: Future>(future: F, context: impl FnOnce() -> Context) -> InLogContext<F> {
-    InLogContext {
-        context: log_records_exported().then(context),
-        future,
-    }
-}
-
-/// Starts a span of the host's named `name` under `parent`, with `attributes`; an empty context
-/// when `parent` holds no span (spans are not exported, or the request is the host's own).
+/// Starts a span of the host's named `name` under `parent`, with `attributes`, in a context
+/// that keeps `parent`'s request fields; without a span when `parent` holds none (spans are not
+/// exported, or the request is the host's own).
 pub fn start_child(
     parent: &Context,
     name: impl Into<Cow<'static, str>>,
@@ -320,10 +275,16 @@ pub fn start_child(
                 .with_kind(kind)
                 .with_attributes(attributes)
                 .start_with_context(tracer, parent);
-            Context::new().with_span(span)
+            parent.with_span(span)
         }
-        _ => Context::new(),
+        _ => no_span_under(parent),
     }
+}
+
+/// A context with no span that keeps `parent`'s request fields: where a child would be, when
+/// none is exported.
+pub fn no_span_under(parent: &Context) -> Context {
+    request_fields::with_fields(Context::new(), request_fields::carried_by(parent).as_ref())
 }
 
 /// The trace and span ids the request's log lines carry: the exported span's, or, where spans

@@ -8,6 +8,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use http_body_util::BodyExt;
+use opentelemetry::context::FutureExt as _;
 use tokio::sync::oneshot;
 use wasmtime::component::InstancePre;
 use wasmtime::error::Context as _;
@@ -21,8 +22,6 @@ use wasmtime_wasi_http::{p2, p3};
 use crate::error::{MAX_ERROR_CODE_TEXT, RequestError, bounded_debug, one_line};
 use crate::interfaces::bindings::ServicePre;
 use crate::observability::record::timed;
-use crate::observability::request_fields::in_current_request;
-use crate::observability::request_span::in_log_context;
 use crate::observability::routes::RouteTemplates;
 use crate::runtime::capacity::{GuestCapacity, GuestLimits, InstanceReuse};
 use crate::runtime::guest_body::GuestBody;
@@ -273,10 +272,8 @@ impl Guest {
             }
         });
         // Lines written in the task (by wasmtime-wasi-http, the store's drivers) carry the
-        // request's fields, and go out as log records with its ids: its OpenTelemetry context
-        // is the current one here.
-        let instance = in_log_context(instance, opentelemetry::Context::current);
-        let task = tokio::spawn(in_current_request(instance));
+        // request's fields and ids: its OpenTelemetry context is the current one here.
+        let task = tokio::spawn(instance.with_context(opentelemetry::Context::current()));
         let until_backstop = self.limits.request_timeout + backstop;
         let Ok(answer) = tokio::time::timeout(until_backstop, answer.receive()).await else {
             task.abort();

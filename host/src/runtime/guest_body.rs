@@ -12,8 +12,7 @@ use tokio::time::{Instant, Sleep};
 
 use crate::error::one_line;
 use crate::observability::metrics::{Metrics, TRAP_MOMENTS};
-use crate::observability::request_fields::{self, RequestFields};
-use crate::observability::request_span::log_records_exported;
+use crate::observability::request_fields;
 use crate::runtime::capacity::BodyBounds;
 use crate::runtime::store::{OpenBodies, ServingInstance};
 use wasmtime_wasi_http::p2::body::HyperOutgoingBody;
@@ -134,10 +133,8 @@ impl ProgressClock {
 
 /// Where a response cut after its head is reported.
 struct CutReport {
-    /// The request's log fields, for the line of a failure.
-    request: Option<Arc<RequestFields>>,
-    /// The request's span ids, when that line also goes out as a log record.
-    exported: Option<opentelemetry::Context>,
+    /// The request's log fields and span ids, for the line of a failure.
+    request: Option<opentelemetry::Context>,
     /// Where a guest's failure is counted, for a client's request.
     metrics: Option<Arc<Metrics>>,
     /// Set by the connection when its client took too little of the response for the stall
@@ -150,8 +147,7 @@ impl CutReport {
     /// `client_stalled`.
     fn current(metrics: Option<Arc<Metrics>>, client_stalled: Arc<AtomicBool>) -> CutReport {
         CutReport {
-            request: request_fields::current(),
-            exported: log_records_exported().then(request_ids),
+            request: Some(request_ids()),
             metrics,
             client_stalled,
         }
@@ -160,7 +156,6 @@ impl CutReport {
     fn take(&mut self) -> CutReport {
         CutReport {
             request: self.request.take(),
-            exported: self.exported.take(),
             metrics: self.metrics.take(),
             client_stalled: Arc::clone(&self.client_stalled),
         }
@@ -168,8 +163,8 @@ impl CutReport {
 
     /// The line of `write`, with the request's fields and span ids.
     fn in_request(&self, write: impl FnOnce()) {
-        let _current = self.exported.clone().map(opentelemetry::Context::attach);
-        request_fields::in_request(self.request.as_ref(), write);
+        let _current = self.request.clone().map(opentelemetry::Context::attach);
+        write();
     }
 
     /// The ERROR line and the count of a guest that failed (or was stopped) for `error` after
@@ -206,11 +201,14 @@ impl CutReport {
     }
 }
 
-/// The ids of the current span alone: a clone of the context itself would keep the request's
-/// span from ending until hyper drops the body.
+/// The current request's fields and the ids of its span alone: a clone of the context itself
+/// would keep the request's span from ending until hyper drops the body.
 fn request_ids() -> opentelemetry::Context {
-    let ids = opentelemetry::Context::map_current(|current| current.span().span_context().clone());
-    opentelemetry::Context::new().with_remote_span_context(ids)
+    opentelemetry::Context::map_current(|current| {
+        let ids = opentelemetry::Context::new()
+            .with_remote_span_context(current.span().span_context().clone());
+        request_fields::with_fields(ids, request_fields::carried_by(current).as_ref())
+    })
 }
 
 /// The error that breaks the connection of a body cut short.

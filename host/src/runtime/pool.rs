@@ -1,29 +1,16 @@
-//! Linear memories and async stacks that guest instances reuse, one after another, without a
+//! Linear memories and async stacks that fresh instances reuse, one after another, without a
 //! single `mprotect` or `munmap` per request.
 //!
-//! Why not wasmtime's pooling allocator: with signals-based traps on, it hands a memory slot to
-//! a new instance only after shrinking the slot's accessible pages back to the module's initial
-//! size (`mprotect(PROT_NONE)`), because code compiled for guard pages relies on the pages past
-//! `memory.size` faulting. Taking access away flushes the TLB of every core running the process:
-//! an inter-processor interrupt per request for any guest whose allocator grows its memory (a
-//! `no_std` guest with dlmalloc does, in every fresh instance). bench/PROFILE.md measures it.
+//! Why not wasmtime's pooling allocator: with signals-based traps it shrinks a slot's
+//! accessible pages back with `mprotect(PROT_NONE)` before each new instance, a TLB shootdown
+//! on every core per request for any guest that grows its memory (bench/PROFILE.md, section 6).
+//! Here memories have no guard pages ([`configure`]): Cranelift checks every access, Spectre
+//! mitigation on, and a region is mapped once and reset between instances ([`Mapping::reset`]),
+//! so the next instance reads zeroes whatever the kernel did with the pages (swap included).
+//! Reused WASIp3 instances get reservations with guard pages instead ([`MemoryAccess::GuardPages`]).
 //!
-//! Here memories have no guard pages and no reservation ([`configure`]), so Cranelift checks
-//! every access against the memory's current size, with its Spectre mitigation (an
-//! out-of-bounds address becomes null) still on. Nothing relies on page protection, so a region
-//! is mapped read/write once, handed from instance to instance, and reset in between
-//! ([`Mapping::reset`]): what the last instance could reach reads as zeroes for the next one,
-//! whatever the kernel did with the pages meanwhile (swapped them out included).
-//!
-//! A reused instance serves many requests, so the one `mprotect` and `munmap` of its life
-//! weigh little beside bounds checks in every request's code: with reuse on, the WASIp3
-//! engine's memories are reservations with guard pages ([`MemoryAccess::GuardPages`]), made
-//! fresh per instance and never pooled, their bytes taken from the same budget.
-//!
-//! Bounds: at most as many regions and stacks as the guest capacity (`capacity.rs`) says, guest
-//! memories together within a host-wide [`MemoryBudget`], and mappings nobody needed for a whole
-//! [`POOL_TRIM_PERIOD`] unmapped by [`MemoryPool::trim`] and [`StackPool::trim`], so a burst
-//! does not keep its memory for ever.
+//! Bounds: regions and stacks within the guest capacity (`capacity.rs`), memories within a
+//! host-wide [`MemoryBudget`], and mappings idle for a [`POOL_TRIM_PERIOD`] unmapped.
 
 use std::ops::Range;
 use std::ptr::NonNull;

@@ -14,7 +14,7 @@
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError, Weak};
 use std::task::{Context, Poll, ready};
 use std::time::{Duration, Instant};
@@ -57,8 +57,8 @@ pub(super) struct ReusedInstances {
     capacity: Arc<GuestCapacity>,
     /// Made with the first client request, whose context names the user store and metrics.
     handler: OnceLock<ProxyHandler<Instances>>,
-    /// Whether its instances answer more than one request each.
-    answering: Arc<Answering>,
+    /// Set once an instance has left a request unanswered, so that it is said once.
+    left_unanswered: AtomicBool,
 }
 
 impl ReusedInstances {
@@ -78,7 +78,7 @@ impl ReusedInstances {
             limits,
             capacity,
             handler: OnceLock::new(),
-            answering: Arc::new(Answering::new()),
+            left_unanswered: AtomicBool::new(false),
         }
     }
 
@@ -107,7 +107,6 @@ impl ReusedInstances {
                 capacity: Arc::clone(&self.capacity),
                 users: Arc::clone(context.users()),
                 metrics,
-                answering: Arc::clone(&self.answering),
             })
         });
         let record = Arc::clone(context.record());
@@ -132,9 +131,6 @@ impl ReusedInstances {
         let served = ending.slot.served();
         match answer {
             Ok(response) => {
-                if let Some(served) = served {
-                    self.answering.answered(served.ordinal);
-                }
                 let instance = served.map(|served| Arc::clone(&served.instance));
                 let bounds = self.limits.body;
                 Ok(response
@@ -162,115 +158,17 @@ impl ReusedInstances {
                 };
                 if let (RequestError::NoResponse, Some(served)) = (&failure, served)
                     && served.instance.retire()
+                    && !self.left_unanswered.swap(true, Ordering::Relaxed)
                 {
-                    self.answering.retired_unanswered();
+                    tracing::warn!(
+                        "a reused instance returned without answering a request, and takes no \
+                         more, as will any other that does: a guest whose runtime answers one \
+                         request per instance (componentize-js's) must be served fresh"
+                    );
                 }
                 Err(failure)
             }
         }
-    }
-}
-
-/// What a guest's reused instances have shown of answering more than one request each, shared
-/// by its workers. A runtime that answers only its instance's first request (componentize-js's)
-/// leaves every later one unanswered; once that is plain, each instance takes one request, and
-/// now and then one may take a second: an answer to it restores reuse for good.
-struct Answering {
-    /// Instances retired for a request they left unanswered.
-    retired: AtomicUsize,
-    /// Set once an instance has answered a request after its first: for good.
-    answered_again: AtomicBool,
-    /// When an instance may next take a second request while each takes one, in milliseconds
-    /// since `since`.
-    next_probe_ms: AtomicU64,
-    /// Tokio's clock, so that tests can move it.
-    since: tokio::time::Instant,
-}
-
-/// Instances retired for leaving a request unanswered, while no instance of the guest has
-/// answered a request after its first, before each takes only one: a runtime that answers once
-/// per instance gets there within its first few requests.
-const UNANSWERED_BEFORE_ONE_EACH: usize = 3;
-/// How often, in milliseconds, while each instance takes one request, one may take a second: a
-/// guest pushed there by a route that never answers gets its reuse back within this, and one
-/// that answers once per instance fails one request in this.
-const ANSWERING_PROBE_PERIOD_MS: u64 = 10_000;
-
-impl Answering {
-    fn new() -> Answering {
-        Answering {
-            retired: AtomicUsize::new(0),
-            answered_again: AtomicBool::new(false),
-            next_probe_ms: AtomicU64::new(0),
-            since: tokio::time::Instant::now(),
-        }
-    }
-
-    /// An instance answered its `ordinal`th request: past its first, the guest answers more
-    /// than once, for good.
-    fn answered(&self, ordinal: usize) {
-        if ordinal > 1
-            && !self.answered_again.load(Ordering::Relaxed)
-            && !self.answered_again.swap(true, Ordering::Relaxed)
-            && self.retired.load(Ordering::Relaxed) >= UNANSWERED_BEFORE_ONE_EACH
-        {
-            tracing::info!("a reused instance answered a second request: reused again");
-        }
-    }
-
-    /// Counts an instance retired for a request it left unanswered, and says so once a guest;
-    /// past [`UNANSWERED_BEFORE_ONE_EACH`] of them, while no instance has answered twice, each
-    /// instance takes one request from then on, and that is said too.
-    fn retired_unanswered(&self) {
-        let retired = self.retired.fetch_add(1, Ordering::Relaxed) + 1;
-        if retired == 1 {
-            tracing::warn!(
-                "a reused instance returned without answering a request, and takes no more, as \
-                 will any other that does: a guest whose runtime answers one request per \
-                 instance (componentize-js's) cannot be reused"
-            );
-        }
-        if retired == UNANSWERED_BEFORE_ONE_EACH && !self.answered_again.load(Ordering::Relaxed) {
-            // Set once, when the mode begins: later failures do not put the next probe off.
-            self.next_probe_ms.store(
-                self.millis().saturating_add(ANSWERING_PROBE_PERIOD_MS),
-                Ordering::Relaxed,
-            );
-            tracing::warn!(
-                retired,
-                "no reused instance of this guest has answered a request after its first: each \
-                 instance serves one request from now on, as a guest whose runtime answers once \
-                 per instance (componentize-js's) must; serve it fresh instead"
-            );
-        }
-    }
-
-    /// Whether each instance takes one request now: enough were retired unanswered, and none
-    /// has answered twice, before or since.
-    fn one_each(&self) -> bool {
-        self.retired.load(Ordering::Relaxed) >= UNANSWERED_BEFORE_ONE_EACH
-            && !self.answered_again.load(Ordering::Relaxed)
-    }
-
-    /// Whether an instance may take a second request while each takes one: once an
-    /// [`ANSWERING_PROBE_PERIOD_MS`], to the first instance that asks.
-    fn probe_due(&self) -> bool {
-        let (now, due) = (self.millis(), self.next_probe_ms.load(Ordering::Relaxed));
-        now >= due
-            && self
-                .next_probe_ms
-                .compare_exchange(
-                    due,
-                    now.saturating_add(ANSWERING_PROBE_PERIOD_MS),
-                    Ordering::Relaxed,
-                    Ordering::Relaxed,
-                )
-                .is_ok()
-    }
-
-    /// Milliseconds since the guest was loaded.
-    fn millis(&self) -> u64 {
-        u64::try_from(self.since.elapsed().as_millis()).unwrap_or(u64::MAX)
     }
 }
 
@@ -468,7 +366,6 @@ struct Instances {
     capacity: Arc<GuestCapacity>,
     users: Arc<UserStore>,
     metrics: Arc<Metrics>,
-    answering: Arc<Answering>,
 }
 
 impl HandlerState for Instances {
@@ -533,8 +430,6 @@ impl HandlerState for Instances {
             },
             state: Worker {
                 reuse: self.reuse,
-                answering: Arc::clone(&self.answering),
-                granted_another: AtomicBool::new(false),
                 request_timeout: self.limits.request_timeout,
                 instance,
                 _permit: permit,
@@ -547,31 +442,9 @@ impl HandlerState for Instances {
 /// its slot, given back after its store.
 struct Worker {
     reuse: InstanceReuse,
-    /// Whether the guest's instances answer more than one request each.
-    answering: Arc<Answering>,
-    /// Set once this instance was let take requests past its first while each takes one. The
-    /// handler asks at every turn of the worker's loop, idle ones too, so the grant is kept for
-    /// the instance's life rather than asked for again (and lost) at the next turn.
-    granted_another: AtomicBool,
     request_timeout: Duration,
     instance: Arc<ServingInstance>,
     _permit: InstancePermit,
-}
-
-impl Worker {
-    /// Whether the instance may take a request after its `total`: always, unless each instance
-    /// of the guest takes one, and then with a probe's grant, kept once had.
-    fn takes_another(&self, total: usize) -> bool {
-        if total == 0 || !self.answering.one_each() || self.granted_another.load(Ordering::Relaxed)
-        {
-            return true;
-        }
-        let granted = self.answering.probe_due();
-        if granted {
-            self.granted_another.store(true, Ordering::Relaxed);
-        }
-        granted
-    }
 }
 
 impl WorkerState for Worker {
@@ -582,14 +455,11 @@ impl WorkerState for Worker {
         if concurrent == 0 {
             self.instance.settle();
         }
-        // An instance that left a request unanswered is broken: its requests go elsewhere. A
-        // guest that answers once per instance takes one request an instance.
+        // An instance that left a request unanswered is broken: its requests go elsewhere.
         if total >= self.reuse.requests as usize || self.instance.is_retired() {
             ShouldAccept::Never
         } else if concurrent >= self.reuse.concurrent as usize {
             ShouldAccept::No
-        } else if !self.takes_another(total) {
-            ShouldAccept::Never
         } else {
             ShouldAccept::Yes
         }
@@ -673,64 +543,5 @@ impl WorkerExpiration for Expiry {
             expiry.instance.expired.store(true, Ordering::SeqCst);
         }
         Poll::Ready(())
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn retired(answering: &Answering, times: usize) {
-        for _ in 0..times {
-            answering.retired_unanswered();
-        }
-    }
-
-    #[test]
-    fn a_guest_none_of_whose_instances_answers_twice_gets_one_request_an_instance_after_three_retirements()
-     {
-        let answering = Answering::new();
-        retired(&answering, 2);
-        assert!(!answering.one_each());
-        retired(&answering, 1);
-        assert!(answering.one_each());
-    }
-
-    #[test]
-    fn a_guest_one_of_whose_instances_answered_twice_stays_reused_whatever_is_left_unanswered() {
-        let answering = Answering::new();
-        answering.answered(1);
-        retired(&answering, 2);
-        answering.answered(2);
-        retired(&answering, 10);
-        assert!(!answering.one_each());
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn one_request_an_instance_lets_one_take_a_second_each_period_and_its_answer_ends_it() {
-        let answering = Answering::new();
-        retired(&answering, 3);
-        assert!(!answering.probe_due());
-        tokio::time::advance(Duration::from_millis(ANSWERING_PROBE_PERIOD_MS - 1)).await;
-        // Failures meanwhile do not put the probe off.
-        retired(&answering, 1);
-        assert!(!answering.probe_due());
-        tokio::time::advance(Duration::from_millis(1)).await;
-        assert!(
-            answering.probe_due(),
-            "the period is over: one may take a second"
-        );
-        assert!(!answering.probe_due(), "one, not every one");
-        answering.answered(2);
-        assert!(!answering.one_each());
-    }
-
-    #[test]
-    fn an_answer_twice_wins_over_the_third_retirement_after_it() {
-        let answering = Answering::new();
-        retired(&answering, 2);
-        answering.answered(2);
-        retired(&answering, 1);
-        assert!(!answering.one_each());
     }
 }

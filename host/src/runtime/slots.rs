@@ -1,19 +1,12 @@
 //! The instance slots: a budget for instances working towards their response head, and one for
 //! instances streaming a body whose head has gone out.
 //!
-//! Three rules keep a crowd of clients from taking the slots a fresh request needs:
-//!
-//! - **A peer waits behind its own.** When no running slot is free, the requests of one client
-//!   address wait in a line of their own, at most [`PEER_WAITERS`] of them at a time in the
-//!   host's line: a peer that sends hundreds of requests at once does not stand in front of
-//!   another peer's request. A free slot is taken at once, whoever asks.
-//! - **A share of the streaming slots per peer.** The instances of one peer stream on at most
-//!   half of the streaming slots, so one peer's readers cannot take them all.
-//! - **A head out is not running.** An instance whose head is out waits on its client, not on
-//!   itself. One that sends its head when no streaming slot is left to it keeps its running
-//!   slot only until a request finds none free: that request stops the oldest such instance
-//!   (its client's response is cut short) and takes its slot. Instances before their head are
-//!   never stopped for another.
+//! - **A peer waits behind its own.** When no running slot is free, one client address has at
+//!   most [`PEER_WAITERS`] requests in the host's line; a free slot is taken at once.
+//! - **A share of the streaming slots per peer.** One peer streams on at most half of them.
+//! - **A head out is not running.** An instance whose head is out when no streaming slot is
+//!   left keeps its running slot only until a request finds none free: that request stops the
+//!   oldest such instance (its response cut short) and takes its slot.
 
 use std::collections::{HashMap, VecDeque};
 use std::net::IpAddr;

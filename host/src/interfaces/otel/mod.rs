@@ -1,25 +1,15 @@
 //! The standard `wasi:otel` interfaces (0.2.0-rc.2, wit/deps/otel.wit): a guest that runs its
 //! own OpenTelemetry SDK hands the host its finished spans, log records and metrics.
 //!
-//! - `tracing` ([`spans`]): `outer-span-context` is the request's server span, so the guest's
-//!   spans join its trace; a span handed over with `on-end` is checked (its trace is the
-//!   request's, its parent the server span or one of the guest's own, its times within the
-//!   request) and goes to the host's span exporter (Jaeger agent or OTLP) with the ids the
-//!   guest gave it;
-//! - `logs` ([`records`]): each record becomes a host log line (and an OTLP log record where
-//!   those are exported) inside the request's span, with the guest span's id when it names one;
-//! - `metrics` ([`measurements`]): data points are added to the host's `guest.*` instruments,
-//!   shown at `/metrics` and pushed with the host's own.
+//! - `tracing` ([`spans`]): the guest's spans join the request's trace, checked (trace, parent,
+//!   times) and exported with the ids the guest gave them;
+//! - `logs` ([`records`]): each record becomes a host log line inside the request's span;
+//! - `metrics` ([`measurements`]): data points go to the host's `guest.*` instruments.
 //!
-//! Everything is bounded before it is read, by the same per-request quotas as the project's own
-//! `telemetry` interface (spans, log events, attributes, bytes: [`GuestTelemetry::admit`]) and
-//! by the limits below, and what is dropped is counted in `guest_telemetry_dropped_total`. A
-//! guest that imports none of this is unaffected.
-//!
-//! A string whose limit is short (ids, metric names and units, severity texts) is read whole
-//! before its length is known (wasmtime checks it as UTF-8): each is metered
-//! ([`lift::metered_text`]), so past its limit or its allowance it spends the rest, and the
-//! request's later ones are not read at all.
+//! Everything is bounded before it is read, by the per-request quotas of the `telemetry`
+//! interface ([`GuestTelemetry::admit`]); what is dropped is counted in
+//! `guest_telemetry_dropped_total`. Short strings (ids, names, units) are metered
+//! ([`lift::metered_text`]): past an allowance, the request's later ones are not read at all.
 
 mod measurements;
 mod records;
