@@ -27,9 +27,7 @@ pub const MAX_PENDING_BYTES: usize = 16 << 20;
 
 /// How long an output's thread lets lines gather before it writes them, between two batches and
 /// once woken: the most a line waits to be written, beside the writes themselves. Each linger ends
-/// in a wake-up of the thread, which on a busy machine takes a core from a request: at 2 ms
-/// the two outputs' 1,000 wake-ups a second cost the real guest's requests about 5 % of their
-/// CPU (bench/PROFILE.md, section 16); at 10 ms they are 200.
+/// in a wake-up that takes a core from a request (bench/PROFILE.md, section 16).
 pub const LINGER: Duration = Duration::from_millis(10);
 
 /// How long the exit waits for the outputs to write what is pending; an output still stuck

@@ -6,9 +6,8 @@
 //! A line is written straight from JSON text: each span keeps its fields rendered once, as they
 //! are recorded ([`JsonMembers`]), and the line copies them, so nothing is parsed back or built
 //! as a tree for every event; a guest's fields join it as the JSON text of each value. Keys come
-//! in the order they were first set, each once: the host's, then the guest's, sorted (a real
-//! guest's line took 8.4 µs of its request before section 8 of bench/PROFILE.md, 4.8 after
-//! section 10; section 17 took the sort of every member out).
+//! in the order they were first set, each once: the host's, then the guest's, sorted
+//! (bench/PROFILE.md, sections 8, 10 and 17).
 
 use std::borrow::Cow;
 use std::fmt;
@@ -53,10 +52,9 @@ pub fn guest_fields(attributes: impl IntoIterator<Item = (String, Value)>) -> St
 /// recorded: a later `record` of a field appends a member that replaces the earlier one when a
 /// line is written.
 ///
-/// `tracing_subscriber`'s `JsonFields` keeps a single object, so every `record` parses it and
-/// writes it anew: with four records per request span (trace and span ids, status) that was
-/// about 9 % of the host's CPU under load. Appending costs only the new fields, and JSON text
-/// never holds a raw line break, so a line is always one whole member.
+/// `tracing_subscriber`'s `JsonFields` parses and rewrites its one object at every `record`
+/// (bench/PROFILE.md, section 5); JSON text never holds a raw line break, so a line is always one
+/// whole member.
 pub struct JsonMembers;
 
 impl<'writer> FormatFields<'writer> for JsonMembers {

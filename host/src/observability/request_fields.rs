@@ -3,8 +3,8 @@
 //!
 //! The request's context is made current at each poll of its futures anyway (its span is the
 //! parent of the log records the SDK's appender exports), so the JSON line format (`logs.rs`)
-//! reads the fields from there too: one current value per request, and none of ours. A tracing
-//! span per request cost about 6 % of the real guest's request (bench/PROFILE.md, section 15).
+//! reads the fields from there too: one current value per request, and none of ours. Not a
+//! tracing span per request: bench/PROFILE.md, section 15.
 
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
