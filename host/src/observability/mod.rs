@@ -2,7 +2,7 @@
 //!
 //! - [`pipeline`], [`settings`]: installs the log writers and exporters, from their settings;
 //! - [`jaeger_agent`], [`otlp`]: the exporters;
-//! - [`request_span`], [`request_fields`]: each request's server span and its log fields;
+//! - [`request_span`]: each request's server span and its log fields;
 //! - [`logs`], [`log_writer`]: the JSON log line, and its way to stdout and the log file;
 //! - [`metrics`], [`routes`]: every instrument, and the bounded set of route labels;
 //! - [`record`]: what the host learns of a request while serving it, for its span, line and
@@ -15,7 +15,6 @@ pub mod metrics;
 pub mod otlp;
 pub mod pipeline;
 pub mod record;
-pub mod request_fields;
 pub mod request_span;
 pub mod routes;
 pub mod settings;
