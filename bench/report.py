@@ -56,6 +56,18 @@ def paired(a, b, measure=rps):
     return median(means) if means else None
 
 
+# BENCH_BEFORE's A/B (bench/run.sh): each pair's contender now, and that commit's host beside it.
+AB_PAIRS = (("real guest, full telemetry over OTLP", "host-real-otlp", "host-before"),
+            ("minimal guest", "host-minimal", "host-before-minimal"))
+if os.environ.get("BENCH_AB_ONLY"):
+    for guest, now, then in AB_PAIRS:
+        requests, cpu = paired(now, then), paired(now, then, cpu_us)
+        each = [f"{rps(x) / rps(y):.3f}" for x, y in zip(rounds(now), rounds(then))]
+        print(f"{guest}, {len(each)} rounds: now / before requests/s {requests:.3f} (each round "
+              f"{' '.join(each)}), CPU per request {cpu:.3f}")
+    sys.exit(0)
+
+
 def criterion_ns(group, bench):
     path = results / "criterion" / group / bench / "new" / "estimates.json"
     return json.loads(path.read_text())["mean"]["point_estimate"] if path.exists() else None
@@ -229,7 +241,6 @@ for label, run in (("pgbench -S, 32 clients", pgbench),
     store_table.append(f"| PostgreSQL's own ceiling | {label} | {run['tps']:,.0f} transactions/s | | | |"
                        if run else f"| PostgreSQL's own ceiling | {label} | not run | | | |")
 
-# BENCH_BEFORE's A/B (bench/run.sh): that commit's host beside host-real-otlp in every round.
 before_commit = results / "host-before-commit"
 before = before_commit.read_text().strip() if before_commit.exists() else None
 ab_table = []
@@ -237,8 +248,7 @@ if before:
     ab_table = ["| Hosts | before requests/s | now requests/s | now ÷ before, requests/s | server CPU "
                 "per request before / now (µs) | now ÷ before, CPU per request | Target | Met |",
                 "|---|---|---|---|---|---|---|---|"]
-    for guest, now, then in (("real guest, full telemetry over OTLP", "host-real-otlp", "host-before"),
-                             ("minimal guest", "host-minimal", "host-before-minimal")):
+    for guest, now, then in AB_PAIRS:
         old, new = read(then), runs.get(now)
         if not old or not new:
             continue

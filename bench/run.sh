@@ -8,7 +8,7 @@
 # binaries (Debian's postgresql package): a throwaway cluster is started for the run.
 # BENCH_BEFORE=<commit> adds an A/B: that commit's host, built in a worktree under target/ (kept
 # for the next run), beside this one in every round, twice: the real guest with all three
-# signals over OTLP, and the minimal guest.
+# signals over OTLP, and the minimal guest. BENCH_AB_ONLY=1 with it measures that A/B alone.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -263,6 +263,12 @@ CONTENDERS=(native-hyper host-minimal ${BENCH_BEFORE:+host-before-minimal} host-
   host-real-otlp-silent host-real-no-export wasmtime-serve-minimal wasmtime-serve-nostd host-python
   wasmtime-serve-python host-js wasmtime-serve-js host-p3 wasmtime-serve-p3-fresh
   host-p3-reuse wasmtime-serve-p3-reuse host-minimal-reuse)
+if [ -n "${BENCH_AB_ONLY:-}" ] && [ -n "${BENCH_BEFORE:-}" ]; then
+  # The A/B alone, in more rounds (a pair's ratio moves by 10 % between rounds on 2 cores):
+  # printed, nothing written.
+  CONTENDERS=(host-minimal host-before-minimal host-real-otlp host-before)
+  ROUNDS=${BENCH_ROUNDS:-10}
+fi
 echo "== throughput (wrk -t2 -c$CONNECTIONS, ${SECONDS_PER_RUN}s each, GET /api/health, /hello for the Python and JavaScript guests, $ROUNDS rounds)"
 command -v wasmtime >/dev/null ||
   echo "  wasmtime serve: skipped, no wasmtime CLI (cargo install wasmtime-cli --version 48.0.8 --locked)"
@@ -273,6 +279,11 @@ for ((round = 0; round < ROUNDS; round++)); do
     for ((i = ${#CONTENDERS[@]} - 1; i >= 0; i--)); do measure "${CONTENDERS[i]}"; done
   fi
 done
+if [ -n "${BENCH_AB_ONLY:-}" ] && [ -n "${BENCH_BEFORE:-}" ]; then
+  echo "$BEFORE" > "$RESULTS/host-before-commit"
+  BENCH_AB_ONLY=1 python3 bench/report.py "$RESULTS"
+  exit 0
+fi
 
 start_host 18083 "$WASM/guest.wasm"; HOST_PID=${PIDS[-1]}
 echo "== GET /api/health latency while two clients keep both cores busy with n=32 computes"

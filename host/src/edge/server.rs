@@ -113,8 +113,13 @@ impl App {
         App { pages, ..self }
     }
 
-    /// Answers one request. Never fails: every fault becomes a JSON error response.
-    pub async fn handle(&self, request: Request<Incoming>) -> Response<ResponseBody> {
+    /// Answers one request that came on `connection`. Never fails: every fault becomes a JSON
+    /// error response.
+    async fn handle(
+        &self,
+        request: Request<Incoming>,
+        connection: &ClientConnection,
+    ) -> Response<ResponseBody> {
         let started = Instant::now();
         let request_id = request_id(request.headers());
         let method = request.method().clone();
@@ -126,7 +131,7 @@ impl App {
         );
         let record = Arc::new(RequestRecord::default());
         let mut response = span
-            .instrument(self.respond(request, &request_id, &span, &record))
+            .instrument(self.respond(request, connection, &request_id, &span, &record))
             .await;
         response.headers_mut().insert(REQUEST_ID, request_id);
 
@@ -151,20 +156,16 @@ impl App {
     async fn respond(
         &self,
         request: Request<Incoming>,
+        connection: &ClientConnection,
         request_id: &HeaderValue,
         span: &RequestSpan,
         record: &Arc<RequestRecord>,
     ) -> Response<ResponseBody> {
         if !has_valid_host(request.version(), request.headers()) {
             let refused = responses::error(StatusCode::BAD_REQUEST, responses::BAD_HOST);
-            return closing_if_unread(refused, request.body());
+            return connection.closing_if_unread(refused, request.body());
         }
-        let connection = request.extensions().get::<Arc<Ticket>>().cloned();
-        let peer = request.extensions().get::<Peer>().map(|peer| peer.0);
-        let stalled = request
-            .extensions()
-            .get::<ClientStalled>()
-            .map_or_else(Arc::default, |stalled| Arc::clone(&stalled.0));
+        let peer = Some(connection.peer);
         let (mut parts, body) = request.into_parts();
         let reading = read_body(
             body,
@@ -181,30 +182,28 @@ impl App {
             Err(BodyError::NoRoom) => {
                 record.deciding_fault("the request bodies held host-wide fill their budget".into());
                 // The rest of the body is still on the connection.
-                return closing(responses::error(
+                return connection.closing(responses::error(
                     StatusCode::SERVICE_UNAVAILABLE,
                     responses::BUSY,
                 ));
             }
             Err(BodyError::TooSlow) => {
                 // The rest of the body may still come: the connection cannot carry another request.
-                return closing(responses::error(
+                return connection.closing(responses::error(
                     StatusCode::REQUEST_TIMEOUT,
                     responses::BODY_TOO_SLOW,
                 ));
             }
             Err(BodyError::Unreadable) => {
                 // A body that broke off may still be followed by its rest.
-                return closing(responses::error(
+                return connection.closing(responses::error(
                     StatusCode::BAD_REQUEST,
                     responses::UNREADABLE_BODY,
                 ));
             }
         };
-        if let Some(connection) = &connection {
-            // The whole request is here: from now on the connection is doing work.
-            connection.enter(Phase::Answering);
-        }
+        // The whole request is here: from now on the connection is doing work.
+        connection.ticket.enter(Phase::Answering);
         // The host's own pages are labelled as such, whatever they answer.
         let own_page = self.pages.at(parts.uri.path());
         if let Some((_, path)) = own_page
@@ -219,7 +218,7 @@ impl App {
                 "the body is over --max-body-bytes ({})",
                 self.limits.max_body_bytes
             ));
-            return closing(responses::error(
+            return connection.closing(responses::error(
                 StatusCode::PAYLOAD_TOO_LARGE,
                 responses::BODY_TOO_LARGE,
             ));
@@ -253,7 +252,7 @@ impl App {
             span.clone(),
             Arc::clone(record),
         )
-        .with_client_stalled(stalled);
+        .with_client_stalled(Arc::clone(&connection.stalled));
         let serving = self.serving.current();
         // The guest changes with a swap: each request span says which one answered it.
         span.record_guest_version(serving.version.as_str());
@@ -367,33 +366,45 @@ fn request_id(headers: &HeaderMap) -> HeaderValue {
         })
 }
 
-/// Marks an answer given before the host read the whole request: see [`closing`].
-#[derive(Clone, Copy)]
-struct LeavesRequestUnread;
-
-/// `response`, with the connection closed after it: the host answers before it has read the
-/// whole request, and what is left of it must not be read as the next one. The connection
-/// drains what the client still sends before it closes ([`crate::edge::client_stream`]).
-fn closing(mut response: Response<ResponseBody>) -> Response<ResponseBody> {
-    response
-        .headers_mut()
-        .insert(header::CONNECTION, HeaderValue::from_static("close"));
-    response.extensions_mut().insert(LeavesRequestUnread);
-    response
+/// One client's connection, as each of its requests sees it: handed down as an argument.
+struct ClientConnection {
+    /// Its place in the host's connection table.
+    ticket: Arc<Ticket>,
+    /// Who the client is, as the host shares out request bodies and instance slots: its IPv4
+    /// address, or the /64 network of its IPv6 address (what one IPv6 client is given). Behind
+    /// a proxy every client is the proxy.
+    peer: IpAddr,
+    /// Set when the client took too little of a response for the stall bound, so the response
+    /// body that was cut says why.
+    stalled: Arc<AtomicBool>,
+    drain_on_close: DrainOnClose,
 }
 
-/// `response`, [`closing`] when `body` is not read to its end yet.
-fn closing_if_unread(response: Response<ResponseBody>, body: &Incoming) -> Response<ResponseBody> {
-    if body.is_end_stream() {
+impl ClientConnection {
+    /// `response`, with the connection closed after it: the host answers before it has read
+    /// the whole request, and what is left of it must not be read as the next one. The
+    /// connection drains what the client still sends before it closes, so the client gets to
+    /// read this answer ([`crate::edge::client_stream`]).
+    fn closing(&self, mut response: Response<ResponseBody>) -> Response<ResponseBody> {
         response
-    } else {
-        closing(response)
+            .headers_mut()
+            .insert(header::CONNECTION, HeaderValue::from_static("close"));
+        self.drain_on_close.mark();
+        response
     }
-}
 
-/// Whether `response` was made [`closing`].
-fn is_closing<B>(response: &Response<B>) -> bool {
-    response.extensions().get::<LeavesRequestUnread>().is_some()
+    /// `response`, [`ClientConnection::closing`] when `body` is not read to its end yet.
+    fn closing_if_unread(
+        &self,
+        response: Response<ResponseBody>,
+        body: &Incoming,
+    ) -> Response<ResponseBody> {
+        if body.is_end_stream() {
+            response
+        } else {
+            self.closing(response)
+        }
+    }
 }
 
 /// Whether the request's `Host` is as RFC 9112 (section 3.2) requires: exactly one, a host and
@@ -427,29 +438,16 @@ fn is_host_and_port(text: &[u8]) -> bool {
     }
 }
 
-/// Who a request came from, as the host shares out request bodies and instance slots: its
-/// IPv4 address, or the /64 network of its IPv6 address (what one IPv6 client is given).
-/// Behind a proxy every client is the proxy.
-#[derive(Clone, Copy)]
-struct Peer(IpAddr);
-
-impl Peer {
-    /// The peer of a connection from `address`.
-    fn of(address: IpAddr) -> Peer {
-        match address {
-            IpAddr::V4(v4) => Peer(IpAddr::V4(v4)),
-            IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
-                Some(v4) => Peer(IpAddr::V4(v4)),
-                None => Peer(IpAddr::V6((u128::from(v6) & !u128::from(u64::MAX)).into())),
-            },
-        }
+/// The peer of a connection from `address`: see [`ClientConnection::peer`].
+fn peer_of(address: IpAddr) -> IpAddr {
+    match address {
+        IpAddr::V4(v4) => IpAddr::V4(v4),
+        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+            Some(v4) => IpAddr::V4(v4),
+            None => IpAddr::V6((u128::from(v6) & !u128::from(u64::MAX)).into()),
+        },
     }
 }
-
-/// Set when the connection's client took too little of a response for the stall bound, so the
-/// response body that was cut says why.
-#[derive(Clone, Default)]
-struct ClientStalled(Arc<AtomicBool>);
 
 /// Bytes of a response the kernel holds for a client beyond what is in flight to it.
 const MAX_UNSENT_BYTES: u32 = 16 * 1024;
@@ -498,26 +496,26 @@ pub async fn serve(listener: TcpListener, app: Arc<App>, shutdown: impl Future<O
         let linger = Linger::for_body_limit(app.limits.max_body_bytes);
         let response_stall = app.limits.response_stall;
         let app = Arc::clone(&app);
-        let connection_ticket = Arc::clone(&ticket);
-        let drain_on_close = DrainOnClose::default();
-        let stalled = ClientStalled::default();
-        let connection_stalled = stalled.clone();
-        let connection_drain = drain_on_close.clone();
-        let service = service_fn(move |mut request: Request<Incoming>| {
+        let client = Arc::new(ClientConnection {
+            ticket: Arc::clone(&ticket),
+            peer: peer_of(peer),
+            stalled: Arc::default(),
+            drain_on_close: DrainOnClose::default(),
+        });
+        let stream = ClientStream::new(
+            stream,
+            response_stall,
+            client.drain_on_close.clone(),
+            linger,
+        )
+        .marking_stalls(Arc::clone(&client.stalled));
+        let service = service_fn(move |request: Request<Incoming>| {
             let app = Arc::clone(&app);
-            let ticket = Arc::clone(&connection_ticket);
-            let drain_on_close = connection_drain.clone();
-            let stalled = connection_stalled.clone();
+            let client = Arc::clone(&client);
             async move {
-                ticket.enter(Phase::ReadingBody);
-                request.extensions_mut().insert(Arc::clone(&ticket));
-                request.extensions_mut().insert(Peer::of(peer));
-                request.extensions_mut().insert(stalled);
-                let response = app.handle(request).await;
-                if is_closing(&response) {
-                    // The client may still be sending the rest: it must get to read this answer.
-                    drain_on_close.mark();
-                }
+                client.ticket.enter(Phase::ReadingBody);
+                let response = app.handle(request, &client).await;
+                let ticket = Arc::clone(&client.ticket);
                 Ok::<_, Infallible>(
                     response.map(|body| AwaitNextHead::new(body, ticket).boxed_unsync()),
                 )
@@ -530,13 +528,7 @@ pub async fn serve(listener: TcpListener, app: Arc<App>, shutdown: impl Future<O
             // that came in one burst pass it by up to half.
             .max_header_size(MAX_HEADER_BYTES)
             .max_buf_size(MAX_HEADER_BYTES)
-            .serve_connection(
-                TokioIo::new(
-                    ClientStream::new(stream, response_stall, drain_on_close, linger)
-                        .marking_stalls(stalled.0),
-                ),
-                service,
-            );
+            .serve_connection(TokioIo::new(stream), service);
         let connection = connections.watch(connection);
         tokio::spawn(async move {
             // A client that vanishes or speaks garbage ends its own connection, nothing more; a
@@ -570,7 +562,7 @@ mod tests {
 
     #[test]
     fn a_peer_is_an_ipv4_address_or_the_64_network_of_an_ipv6_one() {
-        let peer = |text: &str| Peer::of(text.parse().unwrap()).0.to_string();
+        let peer = |text: &str| peer_of(text.parse().unwrap()).to_string();
         assert_eq!(peer("127.0.0.2"), "127.0.0.2");
         assert_eq!(peer("::ffff:10.0.0.7"), "10.0.0.7");
         assert_eq!(peer("2001:db8:1:2:aaaa:bbbb:cccc:dddd"), "2001:db8:1:2::");
