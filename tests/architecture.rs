@@ -34,7 +34,7 @@ const GUEST_LAYERS: &[&[&str]] = &[
 const HOST_STATICS: &[(&str, &str, &str)] = &[
     ("main", "ALLOCATOR", "the global allocator"),
     (
-        "observability::request_span",
+        "observability::request_report",
         "TRACER",
         "the tracer, set once at start-up",
     ),

@@ -30,8 +30,7 @@ use crate::edge::request_body::{BodyBuffers, BodyError, GuestRequestBody, ReadBo
 use crate::edge::responses::{self, ResponseBody};
 use crate::error::{RequestError, one_line};
 use crate::observability::metrics::{self, Metrics};
-use crate::observability::record::RequestRecord;
-use crate::observability::request_span::RequestSpan;
+use crate::observability::request_report::{RequestRecord, RequestSpan};
 use crate::observability::routes::{HostPage, HostPages};
 use crate::runtime::Serving;
 use crate::runtime::store::RequestContext;

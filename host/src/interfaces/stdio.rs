@@ -20,7 +20,7 @@ use wasmtime_wasi::cli::{IsTerminal, StdoutStream};
 use wasmtime_wasi::p2::{OutputStream, Pollable, StreamError};
 
 use crate::observability::metrics::{DroppedGuestTelemetry, Metrics};
-use crate::observability::request_span::RequestSpan;
+use crate::observability::request_report::RequestSpan;
 
 /// The longest line logged; the rest of a longer line is left out.
 pub const MAX_LINE_BYTES: usize = 4096;

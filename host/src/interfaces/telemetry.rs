@@ -18,9 +18,9 @@ use crate::interfaces::bindings::telemetry::{Attribute, Level, Value};
 use crate::interfaces::lift::{self, Allowance, InGuest, Lifted, WireAttribute};
 use crate::observability::logs;
 use crate::observability::metrics::{DroppedGuestTelemetry, Metrics};
-use crate::observability::record::RequestRecord;
-use crate::observability::record::{HostCalls, HostInterface};
-use crate::observability::request_span::{self, RequestSpan};
+use crate::observability::request_report::{
+    self, HostCalls, HostInterface, RequestRecord, RequestSpan,
+};
 use crate::observability::routes::{self, Label, RouteTemplates};
 
 /// The `target` of every log event the guest reports.
@@ -250,7 +250,7 @@ impl GuestTelemetry {
         };
         self.spans += 1;
         let bytes = name.len();
-        let span = request_span::start_child(
+        let span = request_report::start_child(
             self.innermost_context(),
             name,
             SpanKind::Internal,

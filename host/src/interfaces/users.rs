@@ -19,8 +19,7 @@ use wasmtime::component::{Linker, WasmStr};
 use crate::interfaces::bindings::users::{CreateError, StoreError, User};
 use crate::interfaces::lift::{self, InGuest};
 use crate::observability::metrics::{LookupResult, Metrics};
-use crate::observability::record::{HostCalls, HostInterface, RequestRecord};
-use crate::observability::request_span;
+use crate::observability::request_report::{self, HostCalls, HostInterface, RequestRecord};
 use crate::user_store::{self, Unavailable, UserStore};
 
 /// The longest `name` and `email` the host stores, in bytes: the guest's own limits (200 and 254
@@ -182,12 +181,12 @@ impl UserCalls {
     /// The call's client span, while the request has spans left: no span otherwise.
     fn span(&mut self, call: StoreCall, parent: &Context) -> Context {
         if self.spans_left == 0 {
-            return request_span::no_span_under(parent);
+            return request_report::no_span_under(parent);
         }
         self.spans_left -= 1;
         // Nothing to build when no span is exported (the request's is then empty).
         if !parent.has_active_span() {
-            return request_span::no_span_under(parent);
+            return request_report::no_span_under(parent);
         }
         let target = self.store.span_target();
         let mut attributes = vec![
@@ -202,7 +201,7 @@ impl UserCalls {
             attributes.push(KeyValue::new("server.address", address.to_string()));
             attributes.push(KeyValue::new("server.port", i64::from(port)));
         }
-        request_span::start_child(
+        request_report::start_child(
             parent,
             format!("{} users", call.operation_name()),
             SpanKind::Client,

@@ -22,7 +22,7 @@ use tracing_subscriber::fmt::time::{FormatTime, SystemTime};
 use tracing_subscriber::fmt::{FmtContext, FormatEvent, FormatFields, FormattedFields};
 use tracing_subscriber::registry::LookupSpan;
 
-use crate::observability::request_span::{self, REQUEST_FIELD_NAMES};
+use crate::observability::request_report::{self, REQUEST_FIELD_NAMES};
 
 /// The event field that carries a guest's log attributes, as one JSON object: the guest names its
 /// fields at run time, and `tracing` field names are fixed at compile time. Its keys are merged
@@ -143,7 +143,7 @@ where
         // The members of the line borrow the spans' stored text and the guest's fields (the
         // request's own are written out as JSON here, most requests writing no line): the
         // spans, the guards of their extensions and that text live until the line is written.
-        let request = request_span::current_fields();
+        let request = request_report::current_fields();
         let request_members = request.as_ref().map(|request| request.members());
         let spans: Vec<_> = ctx
             .event_scope()
@@ -435,7 +435,7 @@ mod tests {
     use super::*;
     use opentelemetry::Context;
 
-    use crate::observability::request_span::RequestFields;
+    use crate::observability::request_report::RequestFields;
 
     /// An `io::Write` into a buffer the test reads afterwards.
     #[derive(Clone, Default)]
@@ -647,7 +647,7 @@ mod tests {
         request.record_i64("http.response.status_code", 503);
         let lines = lines_logged_by(|| {
             {
-                let _request = request_span::with_fields(Context::new(), Some(&request)).attach();
+                let _request = request_report::with_fields(Context::new(), Some(&request)).attach();
                 tracing::warn!(detail = "late", "failed")
             }
             tracing::info!("after the request");
@@ -677,7 +677,7 @@ mod tests {
         let request = RequestFields::new();
         request.record_str("request_id", "id-1");
         let mut lines = lines_logged_by(|| {
-            let _request = request_span::with_fields(Context::new(), Some(&request)).attach();
+            let _request = request_report::with_fields(Context::new(), Some(&request)).attach();
             let message = "from the guest";
             tracing::info!(guest_fields = fields, message);
         });

@@ -18,9 +18,9 @@ use opentelemetry_sdk::metrics::{PeriodicReader, SdkMeterProvider};
 use prometheus::{Encoder, Registry, TextEncoder};
 
 use crate::observability::otlp::Reported;
-use crate::observability::request_span::{OTHER_METHOD, standard_method};
 #[cfg(doc)]
 use crate::observability::routes::UNMATCHED;
+use crate::observability::routes::{OTHER_METHOD, standard_method};
 
 /// The OTLP push of the metrics, when there is one.
 pub type PushReader = PeriodicReader<Reported<opentelemetry_otlp::MetricExporter>>;

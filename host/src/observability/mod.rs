@@ -2,11 +2,11 @@
 //!
 //! - [`pipeline`], [`settings`]: installs the log writers and exporters, from their settings;
 //! - [`jaeger_agent`], [`otlp`]: the exporters;
-//! - [`request_span`]: each request's server span and its log fields;
+//! - [`request_report`]: each request's server span, its log fields and its record (route,
+//!   fault, cost), for its span, line and metrics;
 //! - [`logs`], [`log_writer`]: the JSON log line, and its way to stdout and the log file;
-//! - [`metrics`], [`routes`]: every instrument, and the bounded set of route labels;
-//! - [`record`]: what the host learns of a request while serving it, for its span, line and
-//!   metrics.
+//! - [`metrics`], [`routes`]: every instrument, and the bounded sets of route and method
+//!   labels.
 
 pub mod jaeger_agent;
 pub mod log_writer;
@@ -14,7 +14,6 @@ pub mod logs;
 pub mod metrics;
 pub mod otlp;
 pub mod pipeline;
-pub mod record;
-pub mod request_span;
+pub mod request_report;
 pub mod routes;
 pub mod settings;

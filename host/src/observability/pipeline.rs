@@ -39,7 +39,7 @@ use crate::observability::log_writer::{self, LogWriterGuard, MAX_PENDING_BYTES};
 use crate::observability::logs::{JsonLines, JsonMembers};
 use crate::observability::metrics::Metrics;
 use crate::observability::otlp::{self, Reported};
-use crate::observability::request_span;
+use crate::observability::request_report;
 use crate::observability::settings::{DEFAULT_LOG_FILTER, SpanExport, TelemetrySettings};
 
 /// How long the exit waits for the last spans, metrics and log records to leave, in all.
@@ -195,7 +195,7 @@ pub fn init(settings: &TelemetrySettings) -> Telemetry {
         .ok()
         .flatten();
     if let Some(provider) = &tracer {
-        request_span::install(provider.tracer(HOST_TRACER));
+        request_report::install(provider.tracer(HOST_TRACER));
     }
     let log_records = logger.as_ref().map(|provider| {
         // With a hint that passes the log filter's on: without one, the subscriber's maximum

@@ -7,12 +7,37 @@ use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
+use http::Method;
+
 /// The host's own metrics page unless `--metrics-path` moves it.
 pub const METRICS_PATH: &str = "/metrics";
 /// The host's liveness page unless `--live-path` moves it.
 pub const LIVE_PATH: &str = "/livez";
 /// The host's readiness page unless `--ready-path` moves it.
 pub const READY_PATH: &str = "/readyz";
+/// The methods OpenTelemetry's HTTP conventions know; any other is named [`OTHER_METHOD`].
+const STANDARD_METHODS: &[Method] = &[
+    Method::GET,
+    Method::HEAD,
+    Method::POST,
+    Method::PUT,
+    Method::DELETE,
+    Method::CONNECT,
+    Method::OPTIONS,
+    Method::TRACE,
+    Method::PATCH,
+];
+/// `http.request.method` of a request whose method is not a standard one.
+pub const OTHER_METHOD: &str = "_OTHER";
+
+/// The method's name when it is one of the nine standard ones; clients choose methods, so only
+/// these may become span names or label values.
+pub fn standard_method(method: &Method) -> Option<&'static str> {
+    STANDARD_METHODS
+        .iter()
+        .find(|standard| *standard == method)
+        .map(Method::as_str)
+}
 /// The longest path a page's flag takes.
 const MAX_PAGE_PATH_BYTES: usize = 1024;
 
@@ -193,6 +218,12 @@ fn is_template(template: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_the_nine_standard_methods_are_named() {
+        assert_eq!(standard_method(&Method::GET), Some("GET"));
+        assert_eq!(standard_method(&Method::from_bytes(b"BREW").unwrap()), None);
+    }
 
     #[test]
     fn a_template_is_its_own_label_and_interned_once() {

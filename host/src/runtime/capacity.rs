@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use wasmtime::{ResourceLimiter, StoreLimits, StoreLimitsBuilder};
 
-use crate::observability::record::RequestRecord;
+use crate::observability::request_report::RequestRecord;
 use crate::runtime::held::HeldObjects;
 use crate::runtime::pool::{BudgetSpent, MemoryBudget, MemoryPool, StackPool};
 use crate::runtime::slots::InstanceSlots;

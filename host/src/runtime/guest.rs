@@ -1,10 +1,11 @@
 //! A loaded guest: pre-instantiated once, instantiated afresh for every request
 //! ([`Guest::handle`]), within its deadline, slots and memory budget. A guest answers through
 //! WASIp2's `wasi:http/incoming-handler@0.2` or WASIp3's `wasi:http/handler@0.3.0`; everything
-//! around the call is the same for both.
+//! around the call is the same for both. The guest serving new requests is one value
+//! ([`Serving`]), swapped whole by a reload, while requests already running keep theirs.
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, PoisonError, RwLock};
 use std::time::{Duration, Instant};
 
 use http_body_util::BodyExt;
@@ -21,7 +22,7 @@ use wasmtime_wasi_http::{p2, p3};
 
 use crate::error::{MAX_ERROR_CODE_TEXT, RequestError, bounded_debug, one_line};
 use crate::interfaces::bindings::ServicePre;
-use crate::observability::record::timed;
+use crate::observability::request_report::timed;
 use crate::observability::routes::RouteTemplates;
 use crate::runtime::capacity::{GuestCapacity, GuestLimits, InstanceReuse};
 use crate::runtime::guest_body::GuestBody;
@@ -30,6 +31,36 @@ use crate::runtime::outbound::OutboundRules;
 use crate::runtime::pool::BUDGET_SPENT;
 use crate::runtime::reuse::ReusedInstances;
 use crate::runtime::store::{Outbound, RequestContext, RequestState, new_store};
+
+/// A loaded guest and the version its health probe reported.
+pub struct ServingGuest {
+    /// The pre-instantiated component; cheap to clone.
+    pub guest: Guest,
+    /// `version` from the guest's `/api/health`, for logs.
+    pub version: String,
+}
+
+/// The guest serving new requests.
+pub struct Serving(RwLock<Arc<ServingGuest>>);
+
+impl Serving {
+    /// Serves with `guest` until a swap.
+    pub fn new(guest: ServingGuest) -> Serving {
+        Serving(RwLock::new(Arc::new(guest)))
+    }
+
+    /// The guest serving new requests now.
+    pub fn current(&self) -> Arc<ServingGuest> {
+        // Only an `Arc` is cloned under the lock: the per-request cost is one atomic increment.
+        Arc::clone(&self.0.read().unwrap_or_else(PoisonError::into_inner))
+    }
+
+    /// Serves new requests with `guest` from now on; returns the guest it replaces.
+    pub fn swap(&self, guest: ServingGuest) -> Arc<ServingGuest> {
+        let mut serving = self.0.write().unwrap_or_else(PoisonError::into_inner);
+        std::mem::replace(&mut serving, Arc::new(guest))
+    }
+}
 
 /// The trap raised when a request outlives its deadline.
 #[derive(Debug, thiserror::Error)]

@@ -12,7 +12,7 @@ use tokio::time::{Instant, Sleep};
 
 use crate::error::one_line;
 use crate::observability::metrics::{Metrics, TRAP_MOMENTS};
-use crate::observability::request_span;
+use crate::observability::request_report;
 use crate::runtime::capacity::BodyBounds;
 use crate::runtime::store::{OpenBodies, ServingInstance};
 use wasmtime_wasi_http::p2::body::HyperOutgoingBody;
@@ -207,7 +207,7 @@ fn request_ids() -> opentelemetry::Context {
     opentelemetry::Context::map_current(|current| {
         let ids = opentelemetry::Context::new()
             .with_remote_span_context(current.span().span_context().clone());
-        request_span::with_fields(ids, request_span::carried_by(current).as_ref())
+        request_report::with_fields(ids, request_report::carried_by(current).as_ref())
     })
 }
 

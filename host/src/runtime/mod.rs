@@ -6,7 +6,7 @@
 //! - [`store`], [`outbound`]: what one request's store holds, and its outgoing calls;
 //! - [`guest`], [`reuse`], [`guest_body`]: one request through a fresh or reused instance,
 //!   and its body;
-//! - [`probe`], [`serving`], [`reload`]: the guest that serves, swapped after its probe;
+//! - [`probe`], [`reload`]: the guest that serves ([`Serving`]), swapped after its probe;
 //! - [`settings`]: the flags and variables of all of the above.
 
 pub mod admission;
@@ -23,13 +23,11 @@ pub mod pool;
 pub mod probe;
 pub mod reload;
 pub mod reuse;
-pub mod serving;
 pub mod settings;
 pub mod slots;
 pub mod store;
 
 pub use capacity::GuestLimits;
 pub use engine::Runtime;
-pub use guest::Guest;
+pub use guest::{Guest, Serving, ServingGuest};
 pub use probe::ProbePath;
-pub use serving::{Serving, ServingGuest};

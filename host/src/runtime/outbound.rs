@@ -22,8 +22,8 @@ use opentelemetry::{Context, KeyValue};
 use opentelemetry_http::HeaderInjector;
 use wasmtime_wasi_http::{Error, RequestOptions, WasiBody};
 
-use crate::observability::record::RequestRecord;
-use crate::observability::request_span;
+use crate::observability::request_report::{self, RequestRecord};
+use crate::observability::routes;
 
 /// The largest answer head an outgoing call reads (hyper's read buffer bound, as the edge's).
 pub const MAX_RESPONSE_HEAD_BYTES: usize = 64 << 10;
@@ -185,9 +185,9 @@ impl OutgoingCalls {
         }
         // A method the guest made up is `_OTHER`, as the conventions say: a span name from a
         // bounded set. The URL without its query, which may hold credentials.
-        let method = request_span::standard_method(request.method()).unwrap_or("_OTHER");
+        let method = routes::standard_method(request.method()).unwrap_or(routes::OTHER_METHOD);
         let url = format!("{destination}{}", uri.path());
-        let span = request_span::start_child(
+        let span = request_report::start_child(
             &self.parent,
             if method == "_OTHER" { "HTTP" } else { method },
             SpanKind::Client,

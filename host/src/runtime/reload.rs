@@ -17,9 +17,8 @@ use crate::error::{Error, one_line};
 use crate::observability::metrics::Metrics;
 use crate::runtime::cache::CacheOutcome;
 use crate::runtime::engine::Runtime;
-use crate::runtime::guest::Guest;
+use crate::runtime::guest::{Guest, Serving, ServingGuest};
 use crate::runtime::probe::ProbePath;
-use crate::runtime::serving::{Serving, ServingGuest};
 
 /// How long the file must stay quiet before a change is reloaded: editors and `cargo` write,
 /// truncate and rename in bursts.

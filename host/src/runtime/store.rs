@@ -26,8 +26,9 @@ use crate::interfaces::stdio::{GuestOutput, Stream};
 use crate::interfaces::telemetry::{GuestTelemetry, TelemetryView};
 use crate::interfaces::users::{UserCalls, UsersView};
 use crate::observability::metrics::Metrics;
-use crate::observability::record::{CostReport, HostCalls, HostInterface, RequestRecord};
-use crate::observability::request_span::RequestSpan;
+use crate::observability::request_report::{
+    CostReport, HostCalls, HostInterface, RequestRecord, RequestSpan,
+};
 use crate::observability::routes::RouteTemplates;
 use crate::runtime::capacity::InstanceLimiter;
 use crate::runtime::held::{BODY_BUFFER_CHUNKS, BODY_CHUNK_BYTES, FIELDS_LIMIT_BYTES, HeldObjects};

@@ -27,7 +27,7 @@ use wasmtime::component::{Linker, WasmList, WasmStr};
 use crate::interfaces::bindings::wasi::otel::tracing::SpanContext as WitSpanContext;
 use crate::interfaces::lift::{self, Allowance, InGuest, Lifted, RawValue};
 use crate::interfaces::telemetry::GuestTelemetry;
-use crate::observability::record::{HostCalls, HostInterface};
+use crate::observability::request_report::{HostCalls, HostInterface};
 
 use self::wire::{WireKeyValue, WireLogRecord, WireResourceMetrics, WireSpanContext, WireSpanData};
 
