@@ -1,142 +1,113 @@
-//! The log lines' way out: appended to a bounded buffer in memory per output (stdout, the log
-//! file), each written by a thread of its own, in batches.
+//! The log lines' way out: each output (stdout, the log file) written by a
+//! `tracing_appender::non_blocking` worker of its own, within a byte bound per output.
 //!
-//! Why not a `tracing_appender::non_blocking` writer per output: each line then goes through a
-//! channel to a thread that wakes for it and writes it with a system call of its own; under
-//! load that was two wake-ups and two writes for each request's line. Here an output's thread
-//! writes what gathered, lingers [`LINGER`], and writes again; it parks only when a linger brought
-//! nothing, and only then does a line wake it. Under load no line wakes a thread: a wake-up is a
-//! system call on the request's path, and on a busy machine the woken thread takes the core the
-//! request was running on. An output that stalls (a pipe nobody reads, a disk that hangs)
-//! holds up only its own thread, loses only its own lines past [`MAX_PENDING_BYTES`], and
-//! delays the exit by at most [`EXIT_DEADLINE`].
+//! tracing-appender bounds a queue by lines, and a line can be 256 KiB (a guest's log line at
+//! its quota), so the lines and bytes waiting for each output are counted here: a line past
+//! either bound is dropped for that output, counted, and said in a WARN line once the output
+//! writes again. The worker gathers what its queue holds and writes it in one call when the
+//! queue runs empty. An output that stalls holds up only its own worker and delays the exit by
+//! about a second, tracing-appender's wait for its worker. Why the crate's worker and not a
+//! thread of our own: bench/PROFILE.md, section 32.
 
 use std::io::{self, Write};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::mpsc;
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
-use std::time::Duration;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
+use tracing_appender::non_blocking::{NonBlocking, NonBlockingBuilder, WorkerGuard};
 use tracing_subscriber::fmt::MakeWriter;
 
 /// Bytes of log lines waiting for one output, at most (about 40,000 request lines, two seconds
 /// of the host's full load): past it a line is dropped for that output and counted, so an
-/// output that stalls costs at most this much memory, and as much again for the batch its
-/// thread is stuck writing.
+/// output that stalls costs at most this much memory.
 pub const MAX_PENDING_BYTES: usize = 16 << 20;
 
-/// How long an output's thread lets lines gather before it writes them, between two batches and
-/// once woken: the most a line waits to be written, beside the writes themselves. Each linger ends
-/// in a wake-up that takes a core from a request (bench/PROFILE.md, section 16).
-pub const LINGER: Duration = Duration::from_millis(10);
+/// Lines waiting for one output, at most. tracing-appender allocates its queue whole, 32 bytes
+/// a line, with one place more: its request to stop always fits.
+const MAX_PENDING_LINES: usize = 1 << 15;
 
-/// How long the exit waits for the outputs to write what is pending; an output still stuck
-/// then is left behind.
-pub const EXIT_DEADLINE: Duration = Duration::from_secs(1);
+/// Bytes a worker gathers before it writes even though its queue is not empty yet.
+const MAX_BATCH_BYTES: usize = 1 << 20;
 
-/// Capacity a thread's batch buffer keeps between batches; a larger one, left by a burst, is
-/// given back.
-const KEPT_BATCH_CAPACITY: usize = 1 << 20;
-
-/// Where the log layer writes: each line is appended, whole, to every output's buffer, or
-/// dropped whole for an output whose buffer is full. Clones write to the same outputs.
+/// Where the log layer writes: each line is queued, whole, for every output, or dropped whole
+/// for an output that has too much waiting. Clones write to the same outputs.
 #[derive(Clone)]
 pub struct LogWriter {
-    outputs: Vec<Arc<Output>>,
+    outputs: Arc<[Output]>,
 }
 
-/// Owns the outputs' threads: dropping it has them write what is pending and stop, waiting at
-/// most [`EXIT_DEADLINE`].
+/// Owns the outputs' workers: dropping it has them write what is waiting and stop.
 #[must_use = "dropping the guard stops the log writer"]
 pub struct LogWriterGuard {
-    outputs: Vec<Arc<Output>>,
-    /// Disconnected once every output's thread has ended.
-    finished: mpsc::Receiver<()>,
+    workers: Vec<WorkerGuard>,
 }
 
-/// One output: its pending lines and what its thread is told.
+/// One output, as the log layer sees it.
 struct Output {
     name: &'static str,
-    pending: Mutex<Pending>,
-    /// Signalled when a line comes while the thread is parked, and at close.
-    ready: Condvar,
-    max_pending: usize,
-    /// [`LINGER`], but in tests.
-    linger: Duration,
-    /// Lines dropped since the output's thread started.
+    queue: NonBlocking,
+    waiting: Arc<Waiting>,
+}
+
+/// What waits for one output: counted when a line is queued, given back once written.
+struct Waiting {
+    lines: AtomicUsize,
+    bytes: AtomicUsize,
+    max_bytes: usize,
+    /// Lines dropped since the writer started.
     dropped_total: AtomicU64,
-    /// Times a line woke the parked thread.
-    wake_ups: AtomicU64,
+    /// Lines dropped that no WARN line has said yet.
+    dropped_unsaid: AtomicU64,
 }
 
-struct Pending {
-    lines: Vec<u8>,
-    /// Lines dropped since the thread last said so.
-    dropped: u64,
-    /// The thread waits on `ready` for a line (not lingering): the next line must wake it.
-    parked: bool,
-    closing: bool,
-}
-
-/// Starts a thread for each named output, with at most `max_pending` bytes waiting for each.
+/// Starts a worker for each named output, with at most `max_pending` bytes waiting for each.
 pub fn start(
     outputs: Vec<(&'static str, Box<dyn Write + Send>)>,
     max_pending: usize,
-) -> io::Result<(LogWriter, LogWriterGuard)> {
-    start_lingering(outputs, max_pending, LINGER)
-}
-
-/// [`start`], the outputs' threads lingering `linger` between batches.
-fn start_lingering(
-    outputs: Vec<(&'static str, Box<dyn Write + Send>)>,
-    max_pending: usize,
-    linger: Duration,
-) -> io::Result<(LogWriter, LogWriterGuard)> {
-    let (done, finished) = mpsc::channel::<()>();
-    let mut shared = Vec::new();
-    for (name, target) in outputs {
-        let output = Arc::new(Output {
-            name,
-            pending: Mutex::new(Pending {
-                lines: Vec::new(),
-                dropped: 0,
-                parked: false,
-                closing: false,
-            }),
-            ready: Condvar::new(),
-            max_pending,
-            linger,
-            dropped_total: AtomicU64::new(0),
-            wake_ups: AtomicU64::new(0),
-        });
-        std::thread::Builder::new()
-            .name(format!("log-{name}"))
-            .spawn({
-                let output = Arc::clone(&output);
-                let done = done.clone();
-                move || {
-                    write_batches(&output, target);
-                    drop(done);
-                }
-            })?;
-        shared.push(output);
-    }
-    let writer = LogWriter {
-        outputs: shared.clone(),
-    };
-    let guard = LogWriterGuard {
-        outputs: shared,
-        finished,
-    };
-    Ok((writer, guard))
+) -> (LogWriter, LogWriterGuard) {
+    let mut workers = Vec::new();
+    let outputs = outputs
+        .into_iter()
+        .map(|(name, target)| {
+            let waiting = Arc::new(Waiting {
+                lines: AtomicUsize::new(0),
+                bytes: AtomicUsize::new(0),
+                max_bytes: max_pending,
+                dropped_total: AtomicU64::new(0),
+                dropped_unsaid: AtomicU64::new(0),
+            });
+            let written = Written {
+                name,
+                target,
+                batch: Vec::new(),
+                batch_lines: 0,
+                waiting: Arc::clone(&waiting),
+                cut: false,
+            };
+            let (queue, worker) = NonBlockingBuilder::default()
+                .buffered_lines_limit(MAX_PENDING_LINES + 1)
+                .lossy(true)
+                .thread_name(&format!("log-{name}"))
+                .finish(written);
+            workers.push(worker);
+            Output {
+                name,
+                queue,
+                waiting,
+            }
+        })
+        .collect();
+    (LogWriter { outputs }, LogWriterGuard { workers })
 }
 
 impl LogWriter {
-    /// Lines each output dropped because its buffer was full, since the writer started.
+    /// Lines each output dropped because too much was waiting for it, since the writer started.
     pub fn dropped_by_output(&self) -> Vec<(&'static str, u64)> {
         self.outputs
             .iter()
-            .map(|output| (output.name, output.dropped_total.load(Ordering::Relaxed)))
+            .map(|output| {
+                let dropped = output.waiting.dropped_total.load(Ordering::Relaxed);
+                (output.name, dropped)
+            })
             .collect()
     }
 }
@@ -152,8 +123,12 @@ impl<'a> MakeWriter<'a> for LogWriter {
 // The log layer writes each formatted line with one `write_all`: a line is one `write`.
 impl Write for &LogWriter {
     fn write(&mut self, line: &[u8]) -> io::Result<usize> {
-        for output in &self.outputs {
-            output.append(line);
+        for output in self.outputs.iter() {
+            if output.waiting.admit(line.len()) {
+                // Never refused: at most MAX_PENDING_LINES are queued, and the queue holds one
+                // more.
+                let _ = output.queue.clone().write(line);
+            }
         }
         Ok(line.len())
     }
@@ -163,114 +138,106 @@ impl Write for &LogWriter {
     }
 }
 
-impl Output {
-    fn lock(&self) -> MutexGuard<'_, Pending> {
-        // A panic while holding the lock leaves only bytes in a buffer: still usable.
-        self.pending.lock().unwrap_or_else(PoisonError::into_inner)
+impl Waiting {
+    /// Counts a line of `bytes` as waiting, unless it would pass a bound: it is then counted
+    /// as dropped instead.
+    fn admit(&self, bytes: usize) -> bool {
+        let lines = self.lines.fetch_add(1, Ordering::AcqRel);
+        let before = self.bytes.fetch_add(bytes, Ordering::AcqRel);
+        if lines < MAX_PENDING_LINES && before + bytes <= self.max_bytes {
+            return true;
+        }
+        self.written(1, bytes);
+        self.dropped_total.fetch_add(1, Ordering::Relaxed);
+        self.dropped_unsaid.fetch_add(1, Ordering::Relaxed);
+        false
     }
 
-    /// Waits [`LINGER`] for lines to gather, or less if the guard closes the output meanwhile:
-    /// the exit does not wait for a linger to end.
-    fn linger<'a>(&'a self, pending: MutexGuard<'a, Pending>) -> MutexGuard<'a, Pending> {
-        self.ready
-            .wait_timeout_while(pending, self.linger, |pending| !pending.closing)
-            .unwrap_or_else(PoisonError::into_inner)
-            .0
-    }
-
-    /// Appends `line` whole if it fits within `max_pending`; counts it dropped otherwise.
-    fn append(&self, line: &[u8]) {
-        let mut pending = self.lock();
-        let needed = pending.lines.len() + line.len();
-        if needed > self.max_pending {
-            pending.dropped += 1;
-            self.dropped_total.fetch_add(1, Ordering::Relaxed);
-            return;
-        }
-        if needed > pending.lines.capacity() {
-            // Grown by doubling, but never past the limit.
-            let capacity = (pending.lines.capacity() * 2).clamp(needed, self.max_pending);
-            let additional = capacity - pending.lines.len();
-            pending.lines.reserve_exact(additional);
-        }
-        pending.lines.extend_from_slice(line);
-        let wake = std::mem::take(&mut pending.parked);
-        drop(pending);
-        if wake {
-            self.wake_ups.fetch_add(1, Ordering::Relaxed);
-            self.ready.notify_one();
-        }
+    /// Gives back `lines` lines of `bytes` bytes in all.
+    fn written(&self, lines: usize, bytes: usize) {
+        self.lines.fetch_sub(lines, Ordering::AcqRel);
+        self.bytes.fetch_sub(bytes, Ordering::AcqRel);
     }
 }
 
-/// An output's thread: writes what gathered, lingers, and writes again; parks when a linger
-/// brought nothing, and lingers once woken, so a burst is written at once. Once the guard
-/// closes the buffer it writes what is pending once more and ends.
-fn write_batches(output: &Output, mut target: Box<dyn Write + Send>) {
-    let mut batch = Vec::new();
-    // Whether the last write failed, maybe halfway through a line: the next batch then starts
-    // on a line of its own.
-    let mut cut = false;
-    let mut pending = output.lock();
-    loop {
-        if pending.lines.is_empty() && !pending.closing {
-            while pending.lines.is_empty() && !pending.closing {
-                pending.parked = true;
-                pending = output
-                    .ready
-                    .wait(pending)
-                    .unwrap_or_else(PoisonError::into_inner);
-            }
-            pending.parked = false;
-            pending = output.linger(pending);
+/// An output as its worker writes it: the lines its queue held, gathered and written in one
+/// call when the queue runs empty.
+struct Written {
+    name: &'static str,
+    target: Box<dyn Write + Send>,
+    batch: Vec<u8>,
+    batch_lines: usize,
+    waiting: Arc<Waiting>,
+    /// Whether the last write failed, maybe halfway through a line: the next batch then starts
+    /// on a line of its own.
+    cut: bool,
+}
+
+impl Write for Written {
+    fn write(&mut self, line: &[u8]) -> io::Result<usize> {
+        self.write_all(line).map(|()| line.len())
+    }
+
+    /// The worker hands over each line with one call.
+    fn write_all(&mut self, line: &[u8]) -> io::Result<()> {
+        self.batch.extend_from_slice(line);
+        self.batch_lines += 1;
+        if self.batch.len() >= MAX_BATCH_BYTES {
+            return self.flush();
         }
-        std::mem::swap(&mut pending.lines, &mut batch);
-        let dropped = std::mem::take(&mut pending.dropped);
-        let closing = pending.closing;
-        drop(pending);
-        if !batch.is_empty() {
-            let newline: &[u8] = if cut { b"\n" } else { b"" };
-            cut = target
-                .write_all(newline)
-                .and_then(|()| target.write_all(&batch))
-                .and_then(|()| target.flush())
-                .is_err();
+        Ok(())
+    }
+
+    /// Called by the worker when its queue is empty.
+    fn flush(&mut self) -> io::Result<()> {
+        if self.batch.is_empty() {
+            return Ok(());
         }
-        batch.clear();
-        if batch.capacity() > KEPT_BATCH_CAPACITY {
-            batch = Vec::new();
+        let newline: &[u8] = if self.cut { b"\n" } else { b"" };
+        let written = self
+            .target
+            .write_all(newline)
+            .and_then(|()| self.target.write_all(&self.batch))
+            .and_then(|()| self.target.flush());
+        self.cut = written.is_err();
+        self.waiting.written(self.batch_lines, self.batch.len());
+        self.batch.clear();
+        self.batch_lines = 0;
+        if self.batch.capacity() > MAX_BATCH_BYTES {
+            self.batch = Vec::new();
         }
+        let dropped = self.waiting.dropped_unsaid.swap(0, Ordering::Relaxed);
         if dropped > 0 {
             // Through the log layer like any line, so into the next batch of every output.
             tracing::warn!(
                 dropped,
-                output = output.name,
+                output = self.name,
                 "log lines were dropped: they came faster than this output took them"
             );
         }
-        if closing {
-            break;
-        }
-        // What comes meanwhile waits for the next batch, and wakes nobody.
-        pending = output.linger(output.lock());
+        written
     }
 }
 
 impl Drop for LogWriterGuard {
+    /// Each worker's guard waits up to a second for its worker to write what is waiting: the
+    /// guards are dropped side by side, so outputs that are stuck delay the exit that once.
     fn drop(&mut self) {
-        for output in &self.outputs {
-            output.lock().closing = true;
-            output.ready.notify_one();
+        let waits: Vec<_> = self
+            .workers
+            .drain(..)
+            .filter_map(|worker| std::thread::Builder::new().spawn(move || drop(worker)).ok())
+            .collect();
+        for wait in waits {
+            let _ = wait.join();
         }
-        // Every thread's sender dropped: all have written what was pending. An output still
-        // stuck in a write past the deadline is left to the process's exit.
-        let _ = self.finished.recv_timeout(EXIT_DEADLINE);
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use std::time::Instant;
+    use std::sync::{Mutex, mpsc};
+    use std::time::{Duration, Instant};
 
     use super::*;
 
@@ -286,7 +253,6 @@ mod tests {
     /// An output that hands every write to the test, and may be told to hold writes back.
     struct Recorder {
         written: Arc<Mutex<Vec<u8>>>,
-        writes: Arc<AtomicU64>,
         gate: Option<mpsc::Receiver<()>>,
     }
 
@@ -295,7 +261,6 @@ mod tests {
             if let Some(gate) = &self.gate {
                 let _ = gate.recv();
             }
-            self.writes.fetch_add(1, Ordering::Relaxed);
             self.written.lock().unwrap().extend_from_slice(bytes);
             Ok(bytes.len())
         }
@@ -306,25 +271,22 @@ mod tests {
 
     struct Recorded {
         written: Arc<Mutex<Vec<u8>>>,
-        writes: Arc<AtomicU64>,
     }
 
     fn recorder(gate: Option<mpsc::Receiver<()>>) -> (Box<dyn Write + Send>, Recorded) {
         let written = Arc::new(Mutex::new(Vec::new()));
-        let writes = Arc::new(AtomicU64::new(0));
         let target = Recorder {
             written: Arc::clone(&written),
-            writes: Arc::clone(&writes),
             gate,
         };
-        (Box::new(target), Recorded { written, writes })
+        (Box::new(target), Recorded { written })
     }
 
     #[test]
-    fn every_line_reaches_every_output_whole_in_few_writes() {
+    fn every_line_reaches_every_output_whole_and_in_order() {
         let (stdout, to_stdout) = recorder(None);
         let (file, to_file) = recorder(None);
-        let (writer, guard) = start(vec![("stdout", stdout), ("file", file)], 1 << 20).unwrap();
+        let (writer, guard) = start(vec![("stdout", stdout), ("file", file)], 1 << 20);
         let writer = Arc::new(writer);
         let producers: Vec<_> = (0..4)
             .map(|thread| {
@@ -343,8 +305,8 @@ mod tests {
         let closing = Instant::now();
         drop(guard);
         assert!(
-            closing.elapsed() < EXIT_DEADLINE / 2,
-            "outputs that keep up end at once, not at the deadline"
+            closing.elapsed() < Duration::from_millis(500),
+            "outputs that keep up end at once, not after the guard's wait"
         );
         for recorded in [&to_stdout, &to_file] {
             let written = String::from_utf8(recorded.written.lock().unwrap().clone()).unwrap();
@@ -369,8 +331,6 @@ mod tests {
             }
             assert_eq!(seen.len(), 2000);
         }
-        let writes = to_stdout.writes.load(Ordering::Relaxed);
-        assert!(writes < 1000, "2,000 lines in {writes} writes");
         assert_eq!(dropped_lines(&writer), 0);
     }
 
@@ -384,101 +344,35 @@ mod tests {
     }
 
     #[test]
-    fn closing_ends_a_linger_at_once_and_writes_what_gathered() {
-        let (file, to_file) = recorder(None);
-        let linger = Duration::from_secs(600);
-        let (writer, guard) = start_lingering(vec![("file", file)], 1 << 20, linger).unwrap();
-        let output = Arc::clone(&writer.outputs[0]);
-        wait_until("the thread parked", || output.lock().parked);
-        (&writer).write_all(b"{\"n\":0}\n").unwrap();
-        // Woken, the thread lets lines gather for ten minutes before it writes: given the time
-        // to wake and start its linger (were it still parked, the close would end that alone).
-        std::thread::sleep(Duration::from_millis(200));
-        let closing = Instant::now();
-        drop(guard);
-        assert!(closing.elapsed() < EXIT_DEADLINE, "{:?}", closing.elapsed());
-        assert_eq!(to_file.written.lock().unwrap().as_slice(), b"{\"n\":0}\n");
-    }
-
-    #[test]
-    fn a_line_wakes_the_outputs_thread_only_when_it_has_parked() {
-        let (open_gate, gate) = mpsc::channel();
-        let (file, to_file) = recorder(Some(gate));
-        let (writer, guard) = start(vec![("file", file)], 1 << 20).unwrap();
-        let output = Arc::clone(&writer.outputs[0]);
-        let wake_ups = || output.wake_ups.load(Ordering::Relaxed);
-        (&writer).write_all(b"{\"n\":0}\n").unwrap();
-        // The thread takes the line and is held in its write: busy, not parked.
-        wait_until("the first batch taken", || output.lock().lines.is_empty());
-        let before = wake_ups();
-        for n in 1..=100 {
-            (&writer)
-                .write_all(format!("{{\"n\":{n}}}\n").as_bytes())
-                .unwrap();
-        }
-        assert_eq!(wake_ups(), before, "lines for a busy thread wake nobody");
-        // Released, the thread writes the rest, finds nothing in a linger, and parks.
-        drop(open_gate);
-        wait_until("the thread parked", || output.lock().parked);
-        assert_eq!(
-            to_file
-                .written
-                .lock()
-                .unwrap()
-                .iter()
-                .filter(|b| **b == b'\n')
-                .count(),
-            101
-        );
-        (&writer).write_all(b"{\"n\":101}\n").unwrap();
-        assert_eq!(
-            wake_ups(),
-            before + 1,
-            "a line for a parked thread wakes it"
-        );
-        wait_until("the line after the park written", || {
-            to_file.written.lock().unwrap().ends_with(b"{\"n\":101}\n")
-        });
-        drop(guard);
-    }
-
-    #[test]
     fn lines_past_the_pending_limit_are_dropped_whole_and_counted() {
         let (open_gate, gate) = mpsc::channel();
         let (stalled, to_stalled) = recorder(Some(gate));
-        let (writer, guard) = start(vec![("stalled", stalled)], 1050).unwrap();
-        // The first line is taken by the output's thread, which then waits at the gate.
+        let (writer, guard) = start(vec![("stalled", stalled)], 1050);
+        // The first line waits until its write, which waits at the gate, is done.
         (&writer).write_all(&[b'a'; 99]).unwrap();
-        wait_until("the first line taken", || {
-            writer.outputs[0].lock().lines.is_empty()
-        });
         for _ in 0..30 {
             (&writer).write_all(&[b'b'; 100]).unwrap();
         }
-        let pending = writer.outputs[0].lock().lines.len();
-        assert_eq!(
-            pending, 1000,
-            "ten whole lines wait, no part of an eleventh"
-        );
-        assert!(writer.outputs[0].lock().lines.capacity() <= 1050);
-        assert_eq!(dropped_lines(&writer), 20);
+        // 99 + 9 × 100 bytes wait: no part of a tenth line of b's.
+        assert_eq!(dropped_lines(&writer), 21);
         drop(open_gate);
         drop(guard);
         let stalled = to_stalled.written.lock().unwrap();
-        assert_eq!(stalled.len(), 99 + 1000);
+        assert_eq!(stalled.len(), 99 + 900);
         assert!(stalled[99..].iter().all(|byte| *byte == b'b'));
     }
 
     #[test]
-    fn an_output_stuck_in_a_write_costs_the_others_nothing_and_the_exit_the_deadline_at_most() {
+    fn an_output_stuck_in_a_write_costs_the_others_nothing_and_the_exit_a_second_or_so() {
         let (_never_opened, gate) = mpsc::channel();
         let (stuck, _) = recorder(Some(gate));
         let (file, to_file) = recorder(None);
-        let (writer, guard) = start(vec![("stuck", stuck), ("file", file)], 1 << 20).unwrap();
+        let (writer, guard) = start(vec![("stuck", stuck), ("file", file)], 1 << 20);
         (&writer).write_all(b"{\"n\":1}\n").unwrap();
         let started = Instant::now();
         drop(guard);
-        assert!(started.elapsed() < EXIT_DEADLINE + Duration::from_millis(500));
+        // tracing-appender's guard waits 1 s for a worker, and 100 ms to ask it to stop.
+        assert!(started.elapsed() < Duration::from_millis(1600));
         assert_eq!(*to_file.written.lock().unwrap(), b"{\"n\":1}\n");
     }
 
@@ -510,7 +404,7 @@ mod tests {
             failed: false,
             written: Arc::clone(&written),
         };
-        let (writer, guard) = start(vec![("file", Box::new(output))], 1 << 20).unwrap();
+        let (writer, guard) = start(vec![("file", Box::new(output))], 1 << 20);
         (&writer).write_all(b"{\"n\":1}\n").unwrap();
         wait_until("the first write", || !written.lock().unwrap().is_empty());
         (&writer).write_all(b"{\"n\":2}\n").unwrap();

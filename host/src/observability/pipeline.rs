@@ -1,8 +1,8 @@
 //! Telemetry set-up: the one place that installs the log writers and the exporters of all
 //! three signals, and flushes them at shutdown.
 //!
-//! Log lines go, as JSON, to stdout and to the log file, each written in batches by a thread of
-//! its own ([`log_writer`]), and, when `OTEL_LOGS_EXPORTER` says so, to an OTLP collector as log
+//! Log lines go, as JSON, to stdout and to the log file, each written in batches by a
+//! tracing-appender worker of its own ([`log_writer`]), and, when `OTEL_LOGS_EXPORTER` says so, to an OTLP collector as log
 //! records. Spans go to a Jaeger agent over UDP or to an OTLP collector
 //! (`OTEL_TRACES_EXPORTER`). The metrics are served at `/metrics` and, when
 //! `OTEL_METRICS_EXPORTER` says so, pushed to an OTLP collector. Every
@@ -167,9 +167,7 @@ pub fn init(settings: &TelemetrySettings) -> Telemetry {
         }
         Err(error) => Some(error),
     };
-    // A process that cannot start two threads has already failed to start its runtime.
-    let (log_lines, log_writer) =
-        log_writer::start(log_outputs, MAX_PENDING_BYTES).expect("the log outputs' threads start");
+    let (log_lines, log_writer) = log_writer::start(log_outputs, MAX_PENDING_BYTES);
     let log_level = || {
         EnvFilter::try_new(&settings.log_filter)
             .unwrap_or_else(|_| EnvFilter::new(DEFAULT_LOG_FILTER))
