@@ -248,6 +248,21 @@ async fn a_trap_in_a_reused_instance_fails_the_requests_inside_it_and_no_other()
             .is_some_and(|error| error.contains("the reused instance serving it failed")),
         "{trapped}"
     );
+    // The request that shared the instance names its failure without the trap's own text,
+    // which is another request's (the instance's WARN line has it).
+    let shared = host.wait_for_log(|line| line["url.path"] == "/sleep" && line["status"] == 500);
+    let shared_error = shared["error"].as_str().unwrap_or_default();
+    assert!(
+        shared_error.contains("the reused instance serving it failed")
+            && !shared_error.contains("unreachable"),
+        "{shared}"
+    );
+    host.wait_for_log(|line| {
+        line["message"] == "a reused guest instance ended"
+            && line["error"]
+                .as_str()
+                .is_some_and(|error| error.contains("unreachable"))
+    });
     // The first instance lives on: the next request is its third.
     let (status, body) = get(&host, "/api/health").await;
     assert_eq!((status, &body["served"]), (200, &Value::from(3)));

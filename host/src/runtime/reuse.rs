@@ -217,14 +217,17 @@ fn failure(error: wasmtime::Error, served: Option<&Served>) -> RequestError {
         || error
             .downcast_ref::<TooMuchHeld>()
             .is_some_and(TooMuchHeld::by_budget);
+    // `TrapOrPanicError` is wasmtime's word for a failure it could not trace to one request:
+    // its text may carry another request's data, so it is named without it (the instance's
+    // WARN line, when it ends, has it).
     let error = match instance_failure {
+        _ if error.is::<TrapOrPanicError>() => {
+            error.context("the reused instance serving it failed")
+        }
         Some(failed) => error.context(format!(
             "the reused instance serving it failed: {}",
             failed.cause
         )),
-        None if error.is::<TrapOrPanicError>() => {
-            error.context("the reused instance serving it failed")
-        }
         None => error,
     };
     // A refusal the instance met while the request was inside it.

@@ -15,10 +15,12 @@ use crate::user_store::user::{CreateError, User, email_key};
 /// about 3,110 bytes each, which [`held_bytes`] gives as 3,152.
 const USER_OVERHEAD_BYTES: u64 = 320;
 
-/// The memory `user` holds once stored: its name, its e-mail twice (as given, and its key for
-/// duplicates), and [`USER_OVERHEAD_BYTES`].
-pub fn held_bytes(user: &User) -> u64 {
-    USER_OVERHEAD_BYTES + user.name.len() as u64 + 2 * user.email.len() as u64
+/// The memory `user` holds once stored with `email_key`, its e-mail case-folded for duplicates
+/// (which can be longer than the e-mail: `İ` is 2 bytes, its lower case 3): the three strings
+/// as kept, and [`USER_OVERHEAD_BYTES`].
+pub fn held_bytes(user: &User, email_key: &str) -> u64 {
+    let text = user.name.len() + user.email.len() + email_key.len();
+    USER_OVERHEAD_BYTES + text as u64
 }
 
 /// A thread-safe, in-memory, append-only user store bounded in users and in bytes.
@@ -83,11 +85,13 @@ impl MemoryStore {
     /// capacity in users or in bytes.
     pub fn create(&self, user: User) -> Result<User, CreateError> {
         let mut users = self.inner.write().unwrap_or_else(PoisonError::into_inner);
-        let email_key = email_key(&user.email);
+        let mut email_key = email_key(&user.email);
         if users.email_keys.contains(&email_key) {
             return Err(CreateError::DuplicateEmail);
         }
-        let bytes = users.bytes + held_bytes(&user);
+        // Lower-casing may have grown it past its first allocation: kept at its length.
+        email_key.shrink_to_fit();
+        let bytes = users.bytes + held_bytes(&user, &email_key);
         if users.in_order.len() as u64 >= self.capacity || bytes > self.max_bytes {
             return Err(CreateError::StoreFull);
         }
@@ -174,7 +178,7 @@ mod tests {
     #[test]
     fn a_store_full_in_bytes_refuses_new_users_and_keeps_the_ones_it_has() {
         let first = User::new("A", "a@x.io");
-        let store = MemoryStore::new(10, held_bytes(&first) + 400);
+        let store = MemoryStore::new(10, held_bytes(&first, "a@x.io") + 400);
         store.create(first).unwrap();
         let long_name = "n".repeat(200);
         assert_eq!(
@@ -190,8 +194,23 @@ mod tests {
         let name = "\u{1F600}".repeat(200);
         let email = format!("{}@{}.io", "\u{1F600}".repeat(120), "\u{1F600}".repeat(130));
         assert_eq!(email.chars().count(), 254);
-        let bytes = held_bytes(&User::new(&name, &email));
+        let bytes = held_bytes(&User::new(&name, &email), &email_key(&email));
         assert!((3_110..3_300).contains(&bytes), "{bytes}");
+    }
+
+    #[test]
+    fn an_e_mail_whose_lower_case_is_longer_is_counted_at_the_length_kept() {
+        let email = format!("{}@x.io", "\u{130}".repeat(100));
+        let key = email_key(&email);
+        assert_eq!(key.len(), 300 + 5, "each İ folds to i and a combining dot");
+        let user = User::new("A", &email);
+        let held = held_bytes(&user, &key);
+        assert_eq!(held, USER_OVERHEAD_BYTES + 1 + 205 + 305);
+        let just_short = MemoryStore::new(10, held - 1);
+        assert_eq!(just_short.create(user.clone()), Err(CreateError::StoreFull));
+        let exact = MemoryStore::new(10, held);
+        exact.create(user).unwrap();
+        assert_eq!(exact.count(), 1);
     }
 
     #[test]
