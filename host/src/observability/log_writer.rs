@@ -142,15 +142,36 @@ impl Waiting {
     /// Counts a line of `bytes` as waiting, unless it would pass a bound: it is then counted
     /// as dropped instead.
     fn admit(&self, bytes: usize) -> bool {
-        let lines = self.lines.fetch_add(1, Ordering::AcqRel);
-        let before = self.bytes.fetch_add(bytes, Ordering::AcqRel);
-        if lines < MAX_PENDING_LINES && before + bytes <= self.max_bytes {
-            return true;
+        let room_for = |bound: usize, more: usize| {
+            move |now: usize| now.checked_add(more).filter(|after| *after <= bound)
+        };
+        let admitted = self
+            .bytes
+            .fetch_update(
+                Ordering::AcqRel,
+                Ordering::Acquire,
+                room_for(self.max_bytes, bytes),
+            )
+            .is_ok();
+        if admitted {
+            let line = self.lines.fetch_update(
+                Ordering::AcqRel,
+                Ordering::Acquire,
+                room_for(MAX_PENDING_LINES, 1),
+            );
+            if line.is_ok() {
+                return true;
+            }
+            self.bytes.fetch_sub(bytes, Ordering::AcqRel);
         }
-        self.written(1, bytes);
-        self.dropped_total.fetch_add(1, Ordering::Relaxed);
-        self.dropped_unsaid.fetch_add(1, Ordering::Relaxed);
+        self.dropped(1);
         false
+    }
+
+    /// Counts `lines` lines as dropped, to be said in the next WARN line.
+    fn dropped(&self, lines: u64) {
+        self.dropped_total.fetch_add(lines, Ordering::Relaxed);
+        self.dropped_unsaid.fetch_add(lines, Ordering::Relaxed);
     }
 
     /// Gives back `lines` lines of `bytes` bytes in all.
@@ -180,12 +201,16 @@ impl Write for Written {
 
     /// The worker hands over each line with one call.
     fn write_all(&mut self, line: &[u8]) -> io::Result<()> {
+        // Written before the batch would pass its bound, so its buffer never grows past it
+        // (but for a single longer line).
+        let flushed = if self.batch.len() + line.len() > MAX_BATCH_BYTES {
+            self.flush()
+        } else {
+            Ok(())
+        };
         self.batch.extend_from_slice(line);
         self.batch_lines += 1;
-        if self.batch.len() >= MAX_BATCH_BYTES {
-            return self.flush();
-        }
-        Ok(())
+        flushed
     }
 
     /// Called by the worker when its queue is empty.
@@ -200,6 +225,9 @@ impl Write for Written {
             .and_then(|()| self.target.write_all(&self.batch))
             .and_then(|()| self.target.flush());
         self.cut = written.is_err();
+        if self.cut {
+            self.waiting.dropped(self.batch_lines as u64);
+        }
         self.waiting.written(self.batch_lines, self.batch.len());
         self.batch.clear();
         self.batch_lines = 0;
@@ -356,23 +384,37 @@ mod tests {
         // 99 + 9 × 100 bytes wait: no part of a tenth line of b's.
         assert_eq!(dropped_lines(&writer), 21);
         drop(open_gate);
+        let written = Arc::clone(&to_stalled.written);
+        wait_until("the waiting lines written", || {
+            written.lock().unwrap().len() == 99 + 900
+        });
+        // What was written is given back: the bound admits as much again.
+        for _ in 0..10 {
+            (&writer).write_all(&[b'c'; 100]).unwrap();
+        }
         drop(guard);
+        assert_eq!(dropped_lines(&writer), 21);
         let stalled = to_stalled.written.lock().unwrap();
-        assert_eq!(stalled.len(), 99 + 900);
-        assert!(stalled[99..].iter().all(|byte| *byte == b'b'));
+        assert_eq!(stalled.len(), 99 + 900 + 1000);
+        assert!(stalled[99..999].iter().all(|byte| *byte == b'b'));
+        assert!(stalled[999..].iter().all(|byte| *byte == b'c'));
     }
 
     #[test]
-    fn an_output_stuck_in_a_write_costs_the_others_nothing_and_the_exit_a_second_or_so() {
+    fn outputs_stuck_in_a_write_cost_the_others_nothing_and_the_exit_a_second_or_so() {
         let (_never_opened, gate) = mpsc::channel();
         let (stuck, _) = recorder(Some(gate));
+        let (_never_opened_either, other_gate) = mpsc::channel();
+        let (also_stuck, _) = recorder(Some(other_gate));
         let (file, to_file) = recorder(None);
-        let (writer, guard) = start(vec![("stuck", stuck), ("file", file)], 1 << 20);
+        let outputs = vec![("stuck", stuck), ("also stuck", also_stuck), ("file", file)];
+        let (writer, guard) = start(outputs, 1 << 20);
         (&writer).write_all(b"{\"n\":1}\n").unwrap();
         let started = Instant::now();
         drop(guard);
-        // tracing-appender's guard waits 1 s for a worker, and 100 ms to ask it to stop.
-        assert!(started.elapsed() < Duration::from_millis(1600));
+        // tracing-appender's guard waits 1 s for a worker, and 100 ms to ask it to stop: two
+        // stuck outputs waited for one after the other would take 2.2 s.
+        assert!(started.elapsed() < Duration::from_millis(1800));
         assert_eq!(*to_file.written.lock().unwrap(), b"{\"n\":1}\n");
     }
 
@@ -411,5 +453,10 @@ mod tests {
         drop(guard);
         let written = String::from_utf8(written.lock().unwrap().clone()).unwrap();
         assert_eq!(written, "{\"n\"\n{\"n\":2}\n");
+        assert_eq!(
+            dropped_lines(&writer),
+            1,
+            "the line cut short counts as dropped"
+        );
     }
 }
