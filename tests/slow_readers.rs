@@ -137,3 +137,69 @@ async fn crowds_of_clients_that_never_read_leave_fresh_requests_their_slots() {
         drop(readers);
     }
 }
+
+/// Under reuse (16 requests per instance, one at a time) with 2 instance slots, 200 clients
+/// from 127.0.0.2 ask for the long list and never read it, while a client on 127.0.0.3 asks
+/// for its health 20 times: every answer is 200, because a reused instance's request holds a slot as
+/// a fresh one does (the readers' move to their share of the streaming slots) and the
+/// instances are not bounded by the running slots.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn under_reuse_a_crowd_that_never_reads_leaves_another_client_served() {
+    let _turn = ONE_AT_A_TIME.lock().await;
+    let host = Host::builder()
+        .store(&Store::Memory)
+        .env(&[
+            ("MAX_INSTANCE_REUSE_COUNT", "16"),
+            ("MAX_INSTANCE_CONCURRENT_REUSE_COUNT", "1"),
+            ("MAX_INSTANCES", "2"),
+        ])
+        .start();
+    let long_name = "\u{1F600}".repeat(200);
+    create_many(&host, 200, 2, &long_name).await;
+    let mut readers = Vec::with_capacity(200);
+    for _ in 0..200 {
+        readers.push(ask_for_the_list_from(&host, [127, 0, 0, 2]).await);
+    }
+    let other = support::client_from([127, 0, 0, 3]);
+    let mut statuses = Vec::new();
+    for _ in 0..20 {
+        let answer = other.get(host.url("/api/health")).send().await.unwrap();
+        statuses.push(answer.status().as_u16());
+    }
+    assert_eq!(statuses, [200; 20]);
+    drop(readers);
+}
+
+/// Under reuse with 2 instance slots and no streaming slot, 2 clients that never read hold both
+/// running slots once their heads are out; a request from another client takes one back, as
+/// from fresh instances, and is answered 200 (the WARN line says a response was cut short).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn under_reuse_a_slot_held_for_a_client_that_does_not_read_is_taken_back() {
+    let _turn = ONE_AT_A_TIME.lock().await;
+    let host = Host::builder()
+        .store(&Store::Memory)
+        .env(&[
+            ("MAX_INSTANCE_REUSE_COUNT", "16"),
+            ("MAX_INSTANCE_CONCURRENT_REUSE_COUNT", "1"),
+            ("MAX_INSTANCES", "2"),
+            ("MAX_STREAMING", "0"),
+        ])
+        .start();
+    let long_name = "\u{1F600}".repeat(200);
+    create_many(&host, 200, 2, &long_name).await;
+    let readers = [
+        ask_for_the_list_from(&host, [127, 0, 0, 2]).await,
+        ask_for_the_list_from(&host, [127, 0, 0, 2]).await,
+    ];
+    // Both heads out, both slots held.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let other = support::client_from([127, 0, 0, 3]);
+    let answer = other.get(host.url("/api/health")).send().await.unwrap();
+    assert_eq!(answer.status(), 200);
+    host.wait_for_log(|line| {
+        line["message"]
+            .as_str()
+            .is_some_and(|message| message.contains("was stopped for a new request"))
+    });
+    drop(readers);
+}

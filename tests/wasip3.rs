@@ -269,27 +269,82 @@ async fn a_trap_in_a_reused_instance_fails_the_requests_inside_it_and_no_other()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn with_reuse_every_live_instance_holds_an_instance_slot_busy_or_idle() {
+async fn with_reuse_a_request_past_the_running_slots_waits_for_one_as_a_fresh_one_does() {
     let host = Arc::new(reusing_host(
         "100",
         "1",
         &[("MAX_INSTANCES", "2"), ("IDLE_INSTANCE_TIMEOUT_MS", "5000")],
     ));
-    // Two instances take both slots, and keep them while idle; a third cannot start.
+    // Two requests take both slots; the third waits in line for the first to end (300 ms),
+    // then sleeps its own 300 ms.
     let mut requests = Vec::new();
     for _ in 0..3 {
         let host = Arc::clone(&host);
-        requests.push(tokio::spawn(async move { get(&host, "/sleep").await.0 }));
+        requests.push(tokio::spawn(async move {
+            let sent = Instant::now();
+            (get(&host, "/sleep").await.0, sent.elapsed())
+        }));
         tokio::time::sleep(Duration::from_millis(40)).await;
     }
-    let mut statuses = Vec::new();
+    let mut answers = Vec::new();
     for request in requests {
-        statuses.push(request.await.unwrap());
+        answers.push(request.await.unwrap());
     }
-    assert_eq!(statuses, [200, 200, 503]);
-    // The two instances, idle now, serve the next requests.
+    let statuses: Vec<u16> = answers.iter().map(|(status, _)| *status).collect();
+    assert_eq!(statuses, [200, 200, 200]);
+    let third = answers[2].1;
+    assert!(
+        third >= Duration::from_millis(500),
+        "{third:?}: it did not wait"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_under_reuse_frees_the_places_of_the_old_guests_idle_instances_at_once() {
+    let host = Arc::new(reusing_host(
+        "100",
+        "1",
+        &[
+            ("MAX_INSTANCES", "2"),
+            ("MAX_STREAMING", "0"),
+            ("IDLE_INSTANCE_TIMEOUT_MS", "3600000"),
+        ],
+    ));
+    // Two instances of the old guest, idle now, hold both places for reused instances (as
+    // many as there are slots) for the next hour.
+    let sleepers: Vec<_> = (0..2)
+        .map(|_| {
+            let host = Arc::clone(&host);
+            tokio::spawn(async move { get(&host, "/sleep").await.0 })
+        })
+        .collect();
+    for sleeper in sleepers {
+        assert_eq!(sleeper.await.unwrap(), 200);
+    }
+    let signalled = Instant::now();
+    host.signal("HUP");
+    host.wait_for_log(|line| line["message"] == "guest reloaded");
+    // The new guest's instances: a fresh one, then two at once, in both slots.
     let (status, body) = get(&host, "/api/health").await;
-    assert_eq!((status, &body["served"]), (200, &Value::from(2)));
+    assert_eq!((status, &body["served"]), (200, &Value::from(1)), "{body}");
+    assert!(
+        signalled.elapsed() < Duration::from_secs(3),
+        "answered {:?} after SIGHUP",
+        signalled.elapsed()
+    );
+    let sleepers: Vec<_> = (0..2)
+        .map(|_| {
+            let host = Arc::clone(&host);
+            tokio::spawn(async move { get(&host, "/sleep").await.0 })
+        })
+        .collect();
+    for sleeper in sleepers {
+        assert_eq!(
+            sleeper.await.unwrap(),
+            200,
+            "both slots are the new guest's"
+        );
+    }
 }
 
 #[tokio::test]

@@ -2,11 +2,12 @@
 //! the memory and stack pools, the stores' limits and the slot budgets from the flags.
 //!
 //! The rule it keeps: whoever holds an instance slot always finds a memory region and a stack
-//! in the pools. Every live instance holds a slot ([`crate::runtime::slots`]; a reused one
-//! for its whole life, `runtime::reuse`), a store gives its regions and stacks back before its
-//! slot (`Guest::handle`, `reuse::Worker`), and the pools hold enough for
-//! every slot ([`GuestCapacity::regions`], [`GuestCapacity::stacks`]). So a request beyond the
-//! slots waits for one, then gets 503; it never finds the pools empty (a 500).
+//! in the pools. Every fresh instance holds its request's slot ([`crate::runtime::slots`]), every
+//! reused one a place among as many as there are slots, for its whole life (`runtime::reuse`);
+//! a store gives its regions and stacks back before its slot (`Guest::handle`, `reuse::Worker`),
+//! and the pools hold enough for every slot ([`GuestCapacity::regions`],
+//! [`GuestCapacity::stacks`]). So a request beyond the slots waits for one, then gets 503; it
+//! never finds the pools empty (a 500).
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -206,6 +206,13 @@ impl Guest {
         }
     }
 
+    /// Has its reused instances go as soon as they have no request: it serves no new one.
+    pub fn retire(&self) {
+        if let Some(reused) = &self.reused {
+            reused.retire();
+        }
+    }
+
     /// Runs one request through a fresh instance (or a reused one, for a client's request
     /// when reuse is on) and returns its response.
     ///
@@ -222,6 +229,8 @@ impl Guest {
         B: http_body::Body<Data = bytes::Bytes> + Send + 'static,
         B::Error: Into<wasmtime_wasi_http::Error>,
     {
+        // Every client request waits in its client's line for a running slot, whatever serves it.
+        let permit = self.capacity.slots.acquire_running(context.peer()).await?;
         // A client's request to a reused guest; the host's own probes get a fresh instance.
         if let (Some(reused), Some(metrics)) = (&self.reused, context.metrics()) {
             let outbound = Outbound {
@@ -233,10 +242,9 @@ impl Guest {
                 .map_err(RequestError::Setup)?
                 .map(|body| body.map_err(Into::into).boxed_unsync());
             return reused
-                .handle(context, metrics, templates, outbound, request)
+                .handle(context, metrics, templates, outbound, request, permit)
                 .await;
         }
-        let permit = self.capacity.slots.acquire_running(context.peer()).await?;
         let held = self.capacity.held_objects(request.headers());
         let metrics = context.metrics();
         let body_metrics = metrics.clone();

@@ -3,7 +3,9 @@
 //! A reload reads and compiles the new component on a blocking thread (off the request path),
 //! links and pre-instantiates it, sends it one `GET` of the probe path (`/api/health` unless
 //! `--probe-path` says otherwise, or none), and only then swaps it in.
-//! Requests already running finish on the old guest; new ones get the new guest. A guest that
+//! Requests already running finish on the old guest; new ones get the new guest. Under reuse,
+//! the old guest's idle instances go at the swap and its busy ones once their requests end, so
+//! their places are the new guest's. A guest that
 //! cannot be read, compiled, linked or instantiated, or whose probe is not a 200, is
 //! rejected: one error line says why, and the running guest keeps serving.
 
@@ -68,6 +70,7 @@ impl Reloader {
                     version: version.clone(),
                 };
                 let old = self.serving.swap(new);
+                old.guest.retire();
                 self.metrics.observe_reload(true);
                 tracing::info!(
                     trigger,

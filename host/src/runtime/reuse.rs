@@ -22,6 +22,8 @@ use std::time::{Duration, Instant};
 use bytes::{Buf, Bytes};
 use http_body::{Body, Frame, SizeHint};
 use http_body_util::BodyExt;
+use tokio::sync::futures::OwnedNotified;
+use tokio::sync::{Notify, OwnedSemaphorePermit};
 use wasmtime::component::GuestTaskId;
 use wasmtime::{Engine, Store, StoreContextMut, UpdateDeadline};
 use wasmtime_wasi_http::handler::{
@@ -58,6 +60,8 @@ pub(super) struct ReusedInstances {
     handler: OnceLock<ProxyHandler<Instances>>,
     /// Set once an instance has left a request unanswered, so that it is said once.
     left_unanswered: AtomicBool,
+    /// Tells its instances to go, at a reload.
+    retirement: Arc<Retirement>,
 }
 
 impl ReusedInstances {
@@ -78,7 +82,14 @@ impl ReusedInstances {
             capacity,
             handler: OnceLock::new(),
             left_unanswered: AtomicBool::new(false),
+            retirement: Arc::default(),
         }
+    }
+
+    /// Has every instance go once it has no request left, the idle ones at once: the guest
+    /// serves no new request.
+    pub(super) fn retire(&self) {
+        self.retirement.retire();
     }
 
     /// How its instances are reused.
@@ -87,8 +98,9 @@ impl ReusedInstances {
     }
 
     /// Serves a client's request (`context`, counted in `metrics`) in a reused instance, its
-    /// labels from `route_templates` and its outgoing calls within `outbound`. The instance,
-    /// not the request, holds an instance slot, for its whole life.
+    /// labels from `route_templates` and its outgoing calls within `outbound`. The request
+    /// holds its instance slot (`permit`) as a fresh instance does: running until its head is
+    /// out, then streaming, or taken back by a request that finds none free.
     pub(super) async fn handle(
         &self,
         context: RequestContext,
@@ -96,6 +108,7 @@ impl ReusedInstances {
         route_templates: Arc<RouteTemplates>,
         outbound: Outbound,
         request: http::Request<WasiBody>,
+        permit: InstancePermit,
     ) -> Result<http::Response<GuestBody>, RequestError> {
         let handler = self.handler.get_or_init(|| {
             ProxyHandler::new(Instances {
@@ -106,6 +119,7 @@ impl ReusedInstances {
                 capacity: Arc::clone(&self.capacity),
                 users: Arc::clone(context.users()),
                 metrics,
+                retirement: Arc::clone(&self.retirement),
             })
         });
         let record = Arc::clone(context.record());
@@ -115,12 +129,26 @@ impl ReusedInstances {
         let (head, body) = request.into_parts();
         let (body, lent) = LentBody::lend(body);
         let request = http::Request::from_parts(head, lent);
+        let (ended, end) = tokio::sync::oneshot::channel::<()>();
         let ending = RequestEnd {
             cost,
             record,
             slot: Arc::new(RequestSlot::new(parts)),
             _body: body,
+            _ended: ended,
         };
+        // The slot is held in a task of its own, which ends with the request or is stopped to
+        // give the slot to another (`InstanceSlots::start_streaming`).
+        let hold = SlotHold {
+            _permit: permit.clone(),
+            request: Arc::clone(&ending.slot),
+            stops_instance: self.reuse.concurrent == 1,
+            ended: false,
+        };
+        let slot_holder = tokio::spawn(async move {
+            let _ = end.await;
+            hold.give_back();
+        });
         // The instance's own expiry ends a request at its deadline; this is the backstop.
         let backstop = self.limits.request_timeout * 2 + Duration::from_secs(1);
         let answer =
@@ -130,6 +158,9 @@ impl ReusedInstances {
         let served = ending.slot.served();
         match answer {
             Ok(response) => {
+                self.capacity
+                    .slots
+                    .start_streaming(&permit, slot_holder.abort_handle());
                 let instance = served.map(|served| Arc::clone(&served.instance));
                 let bounds = self.limits.body;
                 Ok(response
@@ -262,6 +293,8 @@ pub(super) struct RequestEnd {
     slot: Arc<RequestSlot>,
     /// The client's body, lent to the instance until the request ends.
     _body: Arc<Mutex<Lent>>,
+    /// Dropped when the request ends, so that its slot holder gives the slot back.
+    _ended: tokio::sync::oneshot::Sender<()>,
 }
 
 impl Drop for RequestEnd {
@@ -272,6 +305,38 @@ impl Drop for RequestEnd {
             self.record.cost.memory_grew(peak);
         }
         drop(self.cost.take());
+    }
+}
+
+/// A reused instance's request's hold on its instance slot.
+struct SlotHold {
+    _permit: InstancePermit,
+    request: Arc<RequestSlot>,
+    /// Whether the request has its instance to itself, one request at a time.
+    stops_instance: bool,
+    /// Set when the request ended; dropped before, the hold was taken back for another
+    /// request.
+    ended: bool,
+}
+
+impl SlotHold {
+    /// Gives the slot back at the request's end.
+    fn give_back(mut self) {
+        self.ended = true;
+    }
+}
+
+impl Drop for SlotHold {
+    /// A slot taken back stops an instance that serves this request alone, as a fresh instance
+    /// is stopped; one serving several at once streams on, within its stall and response
+    /// bounds.
+    fn drop(&mut self) {
+        if !self.ended
+            && self.stops_instance
+            && let Some(served) = self.request.served()
+        {
+            served.instance.stop();
+        }
     }
 }
 
@@ -368,6 +433,29 @@ struct Instances {
     capacity: Arc<GuestCapacity>,
     users: Arc<UserStore>,
     metrics: Arc<Metrics>,
+    retirement: Arc<Retirement>,
+}
+
+/// What a reload tells a guest's instances. wasmtime-wasi-http's workers outlive their
+/// handler, each waiting for its idle timeout (up to an hour): without this, an old guest's
+/// idle instances would keep the places the new guest's instances need.
+#[derive(Default)]
+struct Retirement {
+    /// Set once the guest is swapped out: an instance takes no request past the one it serves.
+    retired: AtomicBool,
+    /// Wakes every instance's expiry to read it.
+    told: Arc<Notify>,
+}
+
+impl Retirement {
+    fn retire(&self) {
+        self.retired.store(true, Ordering::SeqCst);
+        self.told.notify_waiters();
+    }
+
+    fn is_retired(&self) -> bool {
+        self.retired.load(Ordering::SeqCst)
+    }
 }
 
 impl HandlerState for Instances {
@@ -376,11 +464,11 @@ impl HandlerState for Instances {
     type WorkerState = Worker;
 
     async fn instantiate(&self) -> wasmtime::Result<Instance<RequestState, Expiry, Worker>> {
-        // Every live instance holds a slot, so instances stay within the pools' regions.
+        // Every live instance holds a place, so instances stay within the pools' regions.
         let permit = self
             .capacity
             .slots
-            .acquire_running(None)
+            .acquire_instance()
             .await
             .map_err(|_| InstanceRefused::Busy)?;
         let instance = Arc::new(ServingInstance::default());
@@ -429,11 +517,14 @@ impl HandlerState for Instances {
                 body: self.limits.body,
                 timer: Box::pin(tokio::time::sleep(Duration::ZERO)),
                 instance: Arc::clone(&instance),
+                told: Box::pin(Arc::clone(&self.retirement.told).notified_owned()),
+                retirement: Arc::clone(&self.retirement),
             },
             state: Worker {
                 reuse: self.reuse,
                 request_timeout: self.limits.request_timeout,
                 instance,
+                retirement: Arc::clone(&self.retirement),
                 _permit: permit,
             },
         })
@@ -441,12 +532,13 @@ impl HandlerState for Instances {
 }
 
 /// One instance's worker: how many requests it takes, what they learn of the instance, and
-/// its slot, given back after its store.
+/// its place in the pools, given back after its store.
 struct Worker {
     reuse: InstanceReuse,
     request_timeout: Duration,
     instance: Arc<ServingInstance>,
-    _permit: InstancePermit,
+    retirement: Arc<Retirement>,
+    _permit: OwnedSemaphorePermit,
 }
 
 impl WorkerState for Worker {
@@ -457,8 +549,11 @@ impl WorkerState for Worker {
         if concurrent == 0 {
             self.instance.settle();
         }
-        // An instance that left a request unanswered is broken: its requests go elsewhere.
-        if total >= self.reuse.requests as usize || self.instance.is_retired() {
+        // An instance that left a request unanswered is broken: its requests go elsewhere. An
+        // instance of a guest swapped out serves the request it was made for (one may wait in
+        // the old handler's queue), and no more.
+        let swapped_out = self.retirement.is_retired() && total > 0;
+        if total >= self.reuse.requests as usize || self.instance.is_retired() || swapped_out {
             ShouldAccept::Never
         } else if concurrent >= self.reuse.concurrent as usize {
             ShouldAccept::No
@@ -495,7 +590,7 @@ impl WorkerState for Worker {
     }
 }
 
-/// When an instance goes: idle past the idle timeout; working towards a response past the
+/// When an instance goes: idle past the idle timeout, or when a reload tells it to; working towards a response past the
 /// request deadline since its latest request came (the backstop of the per-request deadline,
 /// which a guest busy in a loop keeps from firing); or, every response head out, when a body
 /// has waited on it for the stall bound, when its bodies have streamed for the body's timeout,
@@ -507,6 +602,9 @@ struct Expiry {
     timer: Pin<Box<tokio::time::Sleep>>,
     /// Told when it stops the instance at a deadline, so its requests are answered 503.
     instance: Arc<ServingInstance>,
+    /// Ready when a reload tells the instances something; made anew each time.
+    told: Pin<Box<OwnedNotified>>,
+    retirement: Arc<Retirement>,
 }
 
 impl WorkerExpiration for Expiry {
@@ -517,18 +615,37 @@ impl WorkerExpiration for Expiry {
         since: Instant,
     ) -> Poll<()> {
         let expiry = self.get_mut();
+        let stopped = expiry.instance.bodies(|bodies| {
+            if !bodies
+                .expiry
+                .as_ref()
+                .is_some_and(|waker| waker.will_wake(context.waker()))
+            {
+                bodies.expiry = Some(context.waker().clone());
+            }
+            bodies.stopped
+        });
+        if stopped {
+            expiry.instance.expired.store(true, Ordering::SeqCst);
+            return Poll::Ready(());
+        }
+        // Listening before the word is read, so a word said in between wakes this again.
+        while expiry.told.as_mut().poll(context).is_ready() {
+            let told = Arc::clone(&expiry.retirement.told).notified_owned();
+            expiry.told.set(told);
+        }
         let at = match status {
+            WorkerStatus::Idle if expiry.retirement.is_retired() => return Poll::Ready(()),
             WorkerStatus::Idle => since + expiry.idle_timeout,
             WorkerStatus::Requests => since + expiry.request_timeout,
             // Every head is out: the instance writes bodies, or works on after its answers.
-            WorkerStatus::PostReturn => expiry.instance.bodies(|bodies| {
-                bodies.expiry = Some(context.waker().clone());
-                match bodies.waiting_since {
+            WorkerStatus::PostReturn => {
+                expiry.instance.bodies(|bodies| match bodies.waiting_since {
                     _ if bodies.open == 0 => since + expiry.request_timeout,
                     Some(waiting) => (waiting + expiry.body.stall).min(since + expiry.body.timeout),
                     None => since + expiry.body.timeout,
-                }
-            }),
+                })
+            }
         };
         if Instant::now() >= at {
             if status != WorkerStatus::Idle {

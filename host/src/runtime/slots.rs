@@ -1,5 +1,7 @@
-//! The instance slots: a budget for instances working towards their response head, and one for
-//! instances streaming a body whose head has gone out.
+//! The instance slots: a budget for requests whose instance works towards their response head,
+//! and one for those streaming a body whose head has gone out. A fresh instance is its request's;
+//! under reuse the request holds the slot, and each instance a place of its own among as many
+//! as both budgets hold, so that instances stay within the pools.
 //!
 //! - **A peer waits behind its own.** When no running slot is free, one client address has at
 //!   most [`PEER_WAITERS`] requests in the host's line; a free slot is taken at once.
@@ -49,6 +51,8 @@ pub(super) struct InstanceSlots {
     overflowed: Arc<Notify>,
     /// Requests waiting in the host's line for a running slot.
     waiting: Arc<AtomicUsize>,
+    /// Reused instances, live or idle: as many as there are slots.
+    instances: Arc<Semaphore>,
 }
 
 /// What one instance holds.
@@ -83,7 +87,14 @@ impl InstanceSlots {
             overflow: Arc::default(),
             overflowed: Arc::default(),
             waiting: Arc::default(),
+            instances: Arc::new(Semaphore::new((running + streaming) as usize)),
         }
+    }
+
+    /// A place for one reused instance, for its whole life: a free one, or the first to come
+    /// free within [`SLOT_WAIT`].
+    pub(super) async fn acquire_instance(&self) -> Result<OwnedSemaphorePermit, RequestError> {
+        wait(&self.instances, Instant::now() + SLOT_WAIT).await
     }
 
     /// A running slot for a request from `peer`: a free one at once; else, waiting in the

@@ -379,8 +379,11 @@ pub struct OpenBodies {
     pub waiting: usize,
     /// Since when some body has been waiting, while any is.
     pub waiting_since: Option<Instant>,
-    /// Wakes the instance's expiry when a body starts waiting.
+    /// Wakes the instance's expiry when a body starts waiting, or the instance is stopped.
     pub expiry: Option<std::task::Waker>,
+    /// Set when a request took back the running slot the instance's one request streamed on:
+    /// the instance stops, as a fresh one would.
+    pub stopped: bool,
 }
 
 /// Why a reused instance failed.
@@ -430,6 +433,16 @@ impl ServingInstance {
     /// The bodies the instance writes, for `change` to count or its expiry to read.
     pub fn bodies<R>(&self, change: impl FnOnce(&mut OpenBodies) -> R) -> R {
         change(&mut self.bodies.lock().unwrap_or_else(PoisonError::into_inner))
+    }
+
+    /// Has the instance's expiry stop it at once.
+    pub fn stop(&self) {
+        self.bodies(|bodies| {
+            bodies.stopped = true;
+            if let Some(expiry) = bodies.expiry.take() {
+                expiry.wake();
+            }
+        });
     }
 
     /// Keeps the instance from taking another request; `true` the first time.
