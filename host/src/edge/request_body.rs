@@ -8,7 +8,8 @@
 //! Bodies held host-wide share one budget ([`BodyBuffers`]), of which the bodies of one peer
 //! (one client address) may hold at most a [`PEER_SHARE`]th: a client that opens many
 //! connections and stalls each half-way through its body fills its own share, not the room
-//! every other client's request needs.
+//! every other client's request needs. A reserve keeps room for a small body of every client
+//! while the shared part is full.
 
 use std::collections::HashMap;
 use std::net::IpAddr;
@@ -37,10 +38,27 @@ pub enum BodyError {
 /// The part of the body budget one peer's bodies may hold together: one eighth.
 pub const PEER_SHARE: usize = 8;
 
+/// The largest body that is always read, from any client, while others hold the whole budget:
+/// its buffer (at most twice its bytes) fits the reserve's place for one client.
+pub const SMALL_BODY_BYTES: usize = 16 << 10;
+
+/// How many clients at once the reserve holds a small body for: 8 MiB in all, or an eighth of a
+/// smaller budget.
+pub const RESERVED_SMALL_BODIES: usize = 256;
+
 /// The bytes all request bodies together may hold in the host while they are read and until
 /// their guest is done with them: with thousands of connections each allowed
-/// `--max-body-bytes`, the per-body limit alone bounds nothing.
+/// `--max-body-bytes`, the per-body limit alone bounds nothing. Most of it is shared, each peer
+/// holding at most a [`PEER_SHARE`]th; the rest is a reserve that only small bodies take,
+/// one per peer, once the shared part has no room for them: eight peers can fill the shared
+/// part, and a ninth still gets its small `POST` read.
 pub struct BodyBuffers {
+    shared: Pool,
+    reserve: Pool,
+}
+
+/// Bytes that bodies hold, in all and by peer, within a limit for each.
+struct Pool {
     limit: usize,
     /// The most the bodies of one peer may hold together.
     peer_limit: usize,
@@ -50,20 +68,41 @@ pub struct BodyBuffers {
 }
 
 impl BodyBuffers {
-    /// A budget of `limit` bytes, a [`PEER_SHARE`]th of it for each peer, but never less than
-    /// what one body of `max_body_bytes` may reserve (twice that: its buffer doubles).
+    /// A budget of `limit` bytes: the reserve, and the shared part, a [`PEER_SHARE`]th of it
+    /// for each peer, but never less than what one body of `max_body_bytes` may reserve (twice
+    /// that: its buffer doubles).
     pub fn new(limit: usize, max_body_bytes: usize) -> Arc<BodyBuffers> {
+        let small = 2 * SMALL_BODY_BYTES;
+        let reserve = (RESERVED_SMALL_BODIES * small).min(limit / PEER_SHARE);
+        let shared = limit - reserve;
         Arc::new(BodyBuffers {
-            limit,
-            peer_limit: (limit / PEER_SHARE)
-                .max(max_body_bytes.saturating_mul(2))
-                .min(limit),
-            held: AtomicUsize::new(0),
-            by_peer: Mutex::default(),
+            shared: Pool::new(
+                shared,
+                (shared / PEER_SHARE)
+                    .max(max_body_bytes.saturating_mul(2))
+                    .min(shared),
+            ),
+            reserve: Pool::new(reserve, small.min(reserve)),
         })
     }
 
-    /// Takes `more` bytes for `peer`, if its share and the whole budget have them.
+    /// Bytes held now.
+    pub fn held(&self) -> usize {
+        self.shared.held() + self.reserve.held()
+    }
+}
+
+impl Pool {
+    fn new(limit: usize, peer_limit: usize) -> Pool {
+        Pool {
+            limit,
+            peer_limit,
+            held: AtomicUsize::new(0),
+            by_peer: Mutex::default(),
+        }
+    }
+
+    /// Takes `more` bytes for `peer`, if its share and the whole pool have them.
     fn take(&self, peer: Option<IpAddr>, more: usize) -> bool {
         let mut by_peer = peer.map(|_| self.by_peer.lock().unwrap_or_else(PoisonError::into_inner));
         if let (Some(by_peer), Some(peer)) = (&by_peer, peer)
@@ -100,8 +139,7 @@ impl BodyBuffers {
         }
     }
 
-    /// Bytes held now.
-    pub fn held(&self) -> usize {
+    fn held(&self) -> usize {
         self.held.load(Ordering::Relaxed)
     }
 }
@@ -113,17 +151,29 @@ pub struct Reservation {
     /// The client's address, when the request came over a socket.
     peer: Option<IpAddr>,
     bytes: usize,
+    /// Whether the bytes are the reserve's, not the shared part's.
+    from_reserve: bool,
 }
 
 impl Reservation {
     /// Holds `total` bytes in all, if the budget and the peer's share have the difference;
-    /// `false` if not.
+    /// `false` if not. A body starts in the shared part, or in the reserve when the shared
+    /// part has no room for it and it is small, and stays where it started.
     fn grow_to(&mut self, total: usize) -> bool {
         let Some(buffers) = &self.buffers else {
             return true;
         };
         let more = total.saturating_sub(self.bytes);
-        let taken = buffers.take(self.peer, more);
+        let taken = if self.from_reserve {
+            buffers.reserve.take(self.peer, more)
+        } else if buffers.shared.take(self.peer, more) {
+            true
+        } else if self.bytes == 0 && buffers.reserve.take(self.peer, more) {
+            self.from_reserve = true;
+            true
+        } else {
+            false
+        };
         if taken {
             self.bytes += more;
         }
@@ -134,7 +184,12 @@ impl Reservation {
 impl Drop for Reservation {
     fn drop(&mut self) {
         if let Some(buffers) = &self.buffers {
-            buffers.give_back(self.peer, self.bytes);
+            let pool = if self.from_reserve {
+                &buffers.reserve
+            } else {
+                &buffers.shared
+            };
+            pool.give_back(self.peer, self.bytes);
         }
     }
 }
@@ -175,7 +230,7 @@ pub async fn read_body(
     let mut reservation = Reservation {
         buffers: Some(Arc::clone(buffers)),
         peer,
-        bytes: 0,
+        ..Reservation::default()
     };
     let mut collected = BytesMut::new();
     while let Some(frame) = body.frame().await {
@@ -246,21 +301,25 @@ mod tests {
         Reservation {
             buffers: Some(Arc::clone(buffers)),
             peer: peer.map(IpAddr::from),
-            bytes: 0,
+            ..Reservation::default()
         }
     }
 
     #[test]
     fn a_reservation_takes_only_what_the_budget_has_and_gives_it_back() {
-        let buffers = BodyBuffers::new(100, 100);
+        // 700 bytes shared, 100 reserved.
+        let buffers = BodyBuffers::new(800, 800);
         let mut first = reservation(&buffers, None);
-        assert!(first.grow_to(60));
+        assert!(first.grow_to(400));
         let mut second = reservation(&buffers, None);
-        assert!(!second.grow_to(60), "over the budget");
-        assert!(second.grow_to(40));
-        assert_eq!(buffers.held(), 100);
+        assert!(
+            !second.grow_to(400),
+            "over the shared part, and larger than the reserve"
+        );
+        assert!(second.grow_to(300));
+        assert_eq!(buffers.held(), 700);
         drop(first);
-        assert_eq!(buffers.held(), 40);
+        assert_eq!(buffers.held(), 300);
         drop(second);
         assert_eq!(buffers.held(), 0);
     }
@@ -275,17 +334,60 @@ mod tests {
             .map(|body| body.grow_to(10))
             .filter(|&taken| taken)
             .count();
-        assert_eq!(taken, 10, "a share is an eighth of 800");
+        // An eighth of the 700 shared bytes holds 8, the peer's place in the 100 reserved 10.
+        assert_eq!(taken, 18);
         let mut fresh = reservation(&buffers, Some([127, 0, 0, 3]));
-        assert!(fresh.grow_to(100));
+        assert!(fresh.grow_to(80));
         stalled.clear();
-        assert_eq!(buffers.held(), 100);
+        assert_eq!(buffers.held(), 80);
         assert_eq!(
-            buffers.by_peer.lock().unwrap().len(),
+            buffers.shared.by_peer.lock().unwrap().len(),
             1,
             "no entry for a peer at 0"
         );
-        assert!(reservation(&buffers, attacker).grow_to(100));
+        assert!(buffers.reserve.by_peer.lock().unwrap().is_empty());
+        assert!(reservation(&buffers, attacker).grow_to(80));
+    }
+
+    /// A body of `bytes` from `peer`, if the budget has room for it.
+    fn body_of(buffers: &Arc<BodyBuffers>, peer: [u8; 4], bytes: usize) -> Option<Reservation> {
+        let mut body = reservation(buffers, Some(peer));
+        body.grow_to(bytes).then_some(body)
+    }
+
+    #[test]
+    fn while_eight_peers_fill_the_shared_part_a_ninth_peers_small_body_is_read_from_the_reserve() {
+        let buffers = BodyBuffers::new(64 << 20, 1 << 20);
+        let mebibyte = 1 << 20;
+        let crowd: Vec<_> = (1..=8)
+            .flat_map(|peer| (0..8).map(move |_| [10, 0, 0, peer]))
+            .filter_map(|peer| body_of(&buffers, peer, mebibyte))
+            .collect();
+        // 8 MiB is reserved; each peer fills its eighth of the 56 MiB shared, 7 bodies.
+        assert_eq!(crowd.len(), 8 * 7);
+        assert_eq!(buffers.shared.held(), 56 << 20);
+        let small = 2 * SMALL_BODY_BYTES;
+        let ninth = [10, 0, 0, 9];
+        let kept = body_of(&buffers, ninth, small).expect("the ninth peer's small body is read");
+        assert!(
+            body_of(&buffers, ninth, mebibyte).is_none(),
+            "a large one is not"
+        );
+        assert!(
+            body_of(&buffers, ninth, small).is_none(),
+            "nor a second small one at once"
+        );
+        // The reserve holds a small body for each of 256 peers, whoever they are.
+        let others: Vec<_> = (1..RESERVED_SMALL_BODIES as u16)
+            .filter_map(|n| body_of(&buffers, [10, 1, (n >> 8) as u8, n as u8], small))
+            .collect();
+        assert_eq!(others.len(), RESERVED_SMALL_BODIES - 1);
+        assert!(
+            body_of(&buffers, [10, 2, 0, 0], small).is_none(),
+            "the reserve is full"
+        );
+        drop(kept);
+        assert!(body_of(&buffers, [10, 2, 0, 0], small).is_some());
     }
 
     #[test]
