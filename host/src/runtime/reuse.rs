@@ -328,12 +328,15 @@ impl SlotHold {
 
 impl Drop for SlotHold {
     /// A slot taken back stops an instance that serves this request alone, as a fresh instance
-    /// is stopped; one serving several at once streams on, within its stall and response
-    /// bounds.
+    /// is stopped; one serving several at once, or that has taken a request since (a body
+    /// still streaming does not keep it from taking one), streams on, within its stall and
+    /// response bounds: another client's request is never stopped for it.
     fn drop(&mut self) {
         if !self.ended
             && self.stops_instance
+            && !self.request.is_ended()
             && let Some(served) = self.request.served()
+            && served.instance.taken() == served.ordinal
         {
             served.instance.stop();
         }

@@ -435,6 +435,11 @@ impl ServingInstance {
         change(&mut self.bodies.lock().unwrap_or_else(PoisonError::into_inner))
     }
 
+    /// How many requests the instance has taken.
+    pub fn taken(&self) -> usize {
+        self.taken.load(Ordering::SeqCst)
+    }
+
     /// Has the instance's expiry stop it at once.
     pub fn stop(&self) {
         self.bodies(|bodies| {
@@ -545,7 +550,8 @@ impl RequestSlot {
         }
     }
 
-    fn is_ended(&self) -> bool {
+    /// Whether the request has ended.
+    pub fn is_ended(&self) -> bool {
         self.ended.load(Ordering::SeqCst)
     }
 
