@@ -73,7 +73,10 @@ impl BodyBuffers {
     /// that: its buffer doubles).
     pub fn new(limit: usize, max_body_bytes: usize) -> Arc<BodyBuffers> {
         let small = 2 * SMALL_BODY_BYTES;
-        let reserve = (RESERVED_SMALL_BODIES * small).min(limit / PEER_SHARE);
+        // Never so large that the shared part cannot hold one peer's two largest buffers.
+        let reserve = (RESERVED_SMALL_BODIES * small)
+            .min(limit / PEER_SHARE)
+            .min(limit.saturating_sub(max_body_bytes.saturating_mul(2)));
         let shared = limit - reserve;
         Arc::new(BodyBuffers {
             shared: Pool::new(
@@ -308,7 +311,7 @@ mod tests {
     #[test]
     fn a_reservation_takes_only_what_the_budget_has_and_gives_it_back() {
         // 700 bytes shared, 100 reserved.
-        let buffers = BodyBuffers::new(800, 800);
+        let buffers = BodyBuffers::new(800, 350);
         let mut first = reservation(&buffers, None);
         assert!(first.grow_to(400));
         let mut second = reservation(&buffers, None);
@@ -388,6 +391,13 @@ mod tests {
         );
         drop(kept);
         assert!(body_of(&buffers, [10, 2, 0, 0], small).is_some());
+    }
+
+    #[test]
+    fn the_reserve_never_keeps_the_largest_body_out_of_a_small_budget() {
+        // A 30 MiB body in a 64 MiB budget: its buffer may reach 60 MiB.
+        let buffers = BodyBuffers::new(64 << 20, 30 << 20);
+        assert!(reservation(&buffers, Some([10, 0, 0, 1])).grow_to(60 << 20));
     }
 
     #[test]
