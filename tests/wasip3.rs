@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 use support::jaeger::{Agent, server_span};
 use support::swaps::{answers_while_swapping, assert_every_answer_ok};
-use support::{Host, client, get, guest_path, hostile_host};
+use support::{Host, client, client_from, get, guest_path, hostile_host};
 
 /// The p3 fixture's version (tests/fixtures/p3-guest).
 const P3_VERSION: &str = "3.0.0";
@@ -345,6 +345,38 @@ async fn a_reload_under_reuse_frees_the_places_of_the_old_guests_idle_instances_
             "both slots are the new guest's"
         );
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_reuse_an_instance_that_waits_then_computes_keeps_no_other_clients_request_waiting() {
+    let host = Arc::new(reusing_host("100", "16", &[("REQUEST_TIMEOUT_MS", "8000")]));
+    // Its task waits 100 ms, the instance saying it is free, then computes: the instance
+    // takes no request until its deadline.
+    let computing = {
+        let host = Arc::clone(&host);
+        tokio::spawn(async move {
+            let response = client_from([127, 0, 0, 2])
+                .get(host.url("/wait-then-loop"))
+                .send()
+                .await
+                .unwrap();
+            response.status().as_u16()
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let other = client_from([127, 0, 0, 3]);
+    for request in 0..20 {
+        let sent = Instant::now();
+        let response = other.get(host.url("/api/health")).send().await.unwrap();
+        let took = sent.elapsed();
+        assert_eq!(response.status(), 200, "request {request}");
+        assert!(
+            took < Duration::from_secs(1),
+            "request {request} took {took:?}"
+        );
+    }
+    assert!(!computing.is_finished(), "it was computing all along");
+    assert_eq!(computing.await.unwrap(), 503, "stopped at its deadline");
 }
 
 #[tokio::test]

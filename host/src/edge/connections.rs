@@ -21,12 +21,15 @@ use std::time::Instant;
 use http_body::{Body, Frame, SizeHint};
 use tokio::sync::Notify;
 
+use crate::runtime::outbound::MAX_OUTBOUND_SOCKETS;
+
 /// The most bytes of request line and header fields a head may take, exactly; hyper answers a
 /// larger one 431.
 pub const MAX_HEADER_BYTES: usize = 64 * 1024;
-/// Descriptors kept back from the connection cap for everything else the host opens (store
-/// connections, log files, the compiled-component cache, the exporters' sockets).
-pub const RESERVED_FILE_DESCRIPTORS: u64 = 256;
+/// Descriptors kept back from the connection cap for everything else the host opens: 256 for
+/// store connections, log files, the compiled-component cache and the exporters' sockets, and
+/// the guests' outgoing calls' sockets.
+pub const RESERVED_FILE_DESCRIPTORS: u64 = 256 + MAX_OUTBOUND_SOCKETS as u64;
 /// The smallest default cap, should the descriptor limit be tiny.
 pub const MIN_DEFAULT_CONNECTIONS: usize = 64;
 

@@ -44,7 +44,7 @@ pub struct EdgeSettings {
     pub body_timeout_ms: u64,
 
     /// Connections served at once [default: the open-file limit, raised to its hard limit, less
-    /// 256, and at most what a quarter of this process's memory holds at 64 KiB each]; when
+    /// 384, and at most what a quarter of this process's memory holds at 64 KiB each]; when
     /// full, the connection waiting longest for a request head (or stalled in its body) is
     /// closed for a newcomer; only when all are being answered is a newcomer given 503.
     #[arg(long, env = "MAX_CONNECTIONS",

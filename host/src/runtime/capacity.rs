@@ -16,6 +16,7 @@ use wasmtime::{ResourceLimiter, StoreLimits, StoreLimitsBuilder};
 
 use crate::observability::request_report::RequestRecord;
 use crate::runtime::held::HeldObjects;
+use crate::runtime::outbound::OutboundSockets;
 use crate::runtime::pool::{BudgetSpent, MemoryBudget, MemoryPool, StackPool};
 use crate::runtime::slots::InstanceSlots;
 
@@ -101,6 +102,8 @@ pub struct GuestCapacity {
     pub budget: Arc<MemoryBudget>,
     /// The running and streaming instance slots.
     pub(super) slots: InstanceSlots,
+    /// The sockets and name lookups of every instance's outgoing calls.
+    pub outbound_sockets: OutboundSockets,
 }
 
 impl GuestCapacity {
@@ -116,6 +119,7 @@ impl GuestCapacity {
             stacks: Arc::new(StackPool::new(Self::stacks(&limits), GUEST_STACK_BYTES)),
             budget,
             slots: InstanceSlots::new(limits.max_instances, limits.max_streaming),
+            outbound_sockets: OutboundSockets::default(),
             limits,
         }
     }

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use http_body_util::BodyExt;
 use opentelemetry::context::FutureExt as _;
-use tokio::sync::oneshot;
+use tokio::sync::{OwnedSemaphorePermit, oneshot};
 use wasmtime::component::InstancePre;
 use wasmtime::error::Context as _;
 use wasmtime::{Engine, Store, UpdateDeadline};
@@ -22,14 +22,15 @@ use wasmtime_wasi_http::{p2, p3};
 
 use crate::error::{MAX_ERROR_CODE_TEXT, RequestError, bounded_debug, one_line};
 use crate::interfaces::bindings::ServicePre;
-use crate::observability::request_report::timed;
+use crate::observability::request_report::{CostReport, timed};
 use crate::observability::routes::RouteTemplates;
 use crate::runtime::capacity::{GuestCapacity, GuestLimits, InstanceReuse};
 use crate::runtime::guest_body::GuestBody;
 use crate::runtime::held::TooMuchHeld;
 use crate::runtime::outbound::OutboundRules;
 use crate::runtime::pool::BUDGET_SPENT;
-use crate::runtime::reuse::ReusedInstances;
+use crate::runtime::reuse::{Handed, ReusedInstances};
+use crate::runtime::slots::InstancePermit;
 use crate::runtime::store::{Outbound, RequestContext, RequestState, new_store};
 
 /// A loaded guest and the version its health probe reported.
@@ -235,21 +236,56 @@ impl Guest {
         if let (Some(reused), Some(metrics)) = (&self.reused, context.metrics()) {
             let outbound = Outbound {
                 rules: Arc::clone(&self.outbound),
+                sockets: self.capacity.outbound_sockets.clone(),
                 deadline: Instant::now() + self.limits.request_timeout,
             };
             let templates = Arc::clone(&self.route_templates);
             let request = with_absolute_uri(request)
                 .map_err(RequestError::Setup)?
                 .map(|body| body.map_err(Into::into).boxed_unsync());
-            return reused
-                .handle(context, metrics, templates, outbound, request, permit)
+            let handed = reused
+                .handle(
+                    context,
+                    metrics,
+                    templates,
+                    outbound,
+                    request,
+                    permit.clone(),
+                )
+                .await?;
+            let untaken = match handed {
+                Handed::Answered(response) => return Ok(response),
+                Handed::Untaken(untaken) => untaken,
+            };
+            // An instance of its own takes a place among the reused ones'.
+            let place = self.capacity.slots.acquire_instance().await?;
+            let (context, request, cost) = (untaken.context, untaken.request, untaken.cost);
+            return self
+                .fresh(context, request, permit, cost, Some(place))
                 .await;
         }
+        let cost = context.cost_report();
+        self.fresh(context, request, permit, cost, None).await
+    }
+
+    /// Runs `request` (`context`) through a fresh instance on its running slot (`permit`), and
+    /// under reuse its `place` among the instances; `cost` reports what the instance cost.
+    async fn fresh<B>(
+        &self,
+        context: RequestContext,
+        request: http::Request<B>,
+        permit: InstancePermit,
+        cost_report: Option<CostReport>,
+        place: Option<OwnedSemaphorePermit>,
+    ) -> Result<http::Response<GuestBody>, RequestError>
+    where
+        B: http_body::Body<Data = bytes::Bytes> + Send + 'static,
+        B::Error: Into<wasmtime_wasi_http::Error>,
+    {
         let held = self.capacity.held_objects(request.headers());
         let metrics = context.metrics();
         let body_metrics = metrics.clone();
         let record = Arc::clone(context.record());
-        let cost_report = context.cost_report();
         let client_stalled = Arc::clone(context.client_stalled());
         let deadline = Arc::new(HeadDeadline {
             at: Instant::now() + self.limits.request_timeout,
@@ -263,6 +299,7 @@ impl Guest {
             held,
             Outbound {
                 rules: Arc::clone(&self.outbound),
+                sockets: self.capacity.outbound_sockets.clone(),
                 deadline: deadline.at,
             },
         );
@@ -293,6 +330,7 @@ impl Guest {
             // what it needs in the pools; the cost is reported last, whatever ended the task.
             let _cost_report = cost_report;
             let _permit = instance_permit;
+            let _place = place;
             let mut store = store;
             let exchange = async {
                 let started = Instant::now();

@@ -16,12 +16,14 @@ use std::sync::Arc;
 use http::{HeaderMap, HeaderName, HeaderValue};
 use wasmtime::component::ResourceTable;
 use wasmtime_wasi_http::p2::bindings::http::types::Method;
-use wasmtime_wasi_http::p2::body::{HostIncomingBody, HostOutgoingBody};
+use wasmtime_wasi_http::p2::body::{HostFutureTrailers, HostIncomingBody, HostOutgoingBody};
 use wasmtime_wasi_http::p2::types::{
-    HostIncomingRequest, HostOutgoingRequest, HostOutgoingResponse,
+    HostFutureIncomingResponse, HostIncomingRequest, HostIncomingResponse, HostOutgoingRequest,
+    HostOutgoingResponse,
 };
 use wasmtime_wasi_http::{FieldMap, p3};
 
+use crate::runtime::outbound::MAX_RESPONSE_HEAD_BYTES;
 use crate::runtime::pool::MemoryBudget;
 
 /// The most a guest's header map (`fields`) may hold, as wasmtime-wasi-http counts it (names
@@ -42,6 +44,14 @@ pub const BODY_BUFFER_CHUNKS: usize = 1;
 /// What an outgoing body's channel holds at most: wasmtime-wasi-http's channel takes one chunk
 /// more than [`BODY_BUFFER_CHUNKS`].
 pub const BODY_BUFFER_BYTES: usize = (BODY_BUFFER_CHUNKS + 1) * BODY_CHUNK_BYTES;
+/// What a body the guest reads holds at most: a client's, chunks of [`BODY_CHUNK_BYTES`]; an
+/// outgoing call's answer, a frame of the connection's read buffer, which
+/// [`MAX_RESPONSE_HEAD_BYTES`] bounds as it bounds the answer's head.
+const INCOMING_BODY_BYTES: usize = if MAX_RESPONSE_HEAD_BYTES > BODY_BUFFER_BYTES {
+    MAX_RESPONSE_HEAD_BYTES
+} else {
+    BODY_BUFFER_BYTES
+};
 /// What any other object weighs: its table entry, its box and what it points at (a pollable, a
 /// stream over bytes already counted elsewhere, an error, a span within its own quotas).
 pub const OTHER_OBJECT_BYTES: usize = 1 << 10;
@@ -151,7 +161,8 @@ impl Drop for HeldObjects {
 /// count at most `fields_bytes`: a header map those bytes and its slots; an outgoing request or
 /// response its headers, its body's buffered chunks, the trailers its finished body may hold
 /// and its own strings; an outgoing body those chunks again (its stream may outlive the message
-/// that reads them).
+/// that reads them); an outgoing call's answer, or its future once ready, its head and a frame
+/// of its body.
 fn weight(object: &(dyn Any + Send), fields_bytes: usize) -> usize {
     // One `type_id` call, compared with each kind's: most objects are of none of them, and a
     // chain of downcasts would ask each object its type once per kind.
@@ -172,8 +183,32 @@ fn weight(object: &(dyn Any + Send), fields_bytes: usize) -> usize {
                 map_weight(&response.headers, fields_bytes)
                     + body_weight(response.body.is_some(), fields_bytes)
             })
-    } else if is(TypeId::of::<HostOutgoingBody>()) || is(TypeId::of::<HostIncomingBody>()) {
+    } else if is(TypeId::of::<HostOutgoingBody>()) {
         BODY_BUFFER_BYTES
+    } else if is(TypeId::of::<HostIncomingBody>()) {
+        INCOMING_BODY_BYTES
+    } else if is(TypeId::of::<HostIncomingResponse>()) {
+        object
+            .downcast_ref::<HostIncomingResponse>()
+            .map_or(0, |response| {
+                map_weight(&response.headers, MAX_RESPONSE_HEAD_BYTES)
+                    + response.body.as_ref().map_or(0, |_| INCOMING_BODY_BYTES)
+            })
+    } else if is(TypeId::of::<HostFutureIncomingResponse>()) {
+        match object.downcast_ref::<HostFutureIncomingResponse>() {
+            Some(HostFutureIncomingResponse::Ready(Ok((response, _)))) => {
+                map_weight(response.headers(), MAX_RESPONSE_HEAD_BYTES) + INCOMING_BODY_BYTES
+            }
+            _ => OTHER_OBJECT_BYTES,
+        }
+    } else if is(TypeId::of::<HostFutureTrailers>()) {
+        match object.downcast_ref::<HostFutureTrailers>() {
+            Some(HostFutureTrailers::Waiting(_)) => INCOMING_BODY_BYTES,
+            Some(HostFutureTrailers::Done(Ok(Some(trailers)))) => {
+                map_weight(trailers, MAX_RESPONSE_HEAD_BYTES)
+            }
+            _ => OTHER_OBJECT_BYTES,
+        }
     } else if is(TypeId::of::<HostIncomingRequest>()) {
         // A client's request, which a reused instance may keep: its headers (their map's shape
         // private to wasmtime-wasi-http; the edge's head bound keeps its slots within as much
@@ -184,8 +219,10 @@ fn weight(object: &(dyn Any + Send), fields_bytes: usize) -> usize {
             .downcast_ref::<p3::Request>()
             .map_or(0, |request| p3_request_weight(request, fields_bytes))
     } else if is(TypeId::of::<p3::Response>()) {
+        // The guest's own, or an outgoing call's answer.
         object.downcast_ref::<p3::Response>().map_or(0, |response| {
-            map_weight(&response.headers, fields_bytes) + BODY_BUFFER_BYTES
+            map_weight(&response.headers, fields_bytes.max(MAX_RESPONSE_HEAD_BYTES))
+                + INCOMING_BODY_BYTES
         })
     } else {
         OTHER_OBJECT_BYTES
@@ -347,6 +384,42 @@ mod tests {
             bare + BODY_BUFFER_BYTES + 4 * FIELDS_LIMIT_BYTES
         );
         assert_eq!(weight(&7_u32, FIELDS_LIMIT_BYTES), OTHER_OBJECT_BYTES);
+    }
+
+    fn empty_body() -> wasmtime_wasi_http::p2::body::HyperIncomingBody {
+        use http_body_util::BodyExt;
+        http_body_util::Empty::<bytes::Bytes>::new()
+            .map_err(|never| match never {})
+            .boxed_unsync()
+    }
+
+    #[tokio::test]
+    async fn an_outgoing_calls_answer_weighs_its_head_and_a_frame_of_its_body_ready_or_taken() {
+        let head = MAX_RESPONSE_HEAD_BYTES;
+        let answer = |body: Option<HostIncomingBody>| HostIncomingResponse {
+            status: 200,
+            headers: FieldMap::default(),
+            body,
+        };
+        assert_eq!(weight(&answer(None), FIELDS_LIMIT_BYTES), head);
+        let with_body = answer(Some(HostIncomingBody::new(empty_body())));
+        assert_eq!(
+            weight(&with_body, FIELDS_LIMIT_BYTES),
+            head + INCOMING_BODY_BYTES
+        );
+        let worker = wasmtime_wasi::runtime::spawn(async {});
+        let ready =
+            HostFutureIncomingResponse::Ready(Ok((http::Response::new(empty_body()), worker)));
+        assert_eq!(
+            weight(&ready, FIELDS_LIMIT_BYTES),
+            head + INCOMING_BODY_BYTES
+        );
+        let pending = HostFutureIncomingResponse::Pending(wasmtime_wasi::runtime::spawn(
+            std::future::pending(),
+        ));
+        assert_eq!(weight(&pending, FIELDS_LIMIT_BYTES), OTHER_OBJECT_BYTES);
+        let trailers = HostFutureTrailers::Waiting(HostIncomingBody::new(empty_body()));
+        assert_eq!(weight(&trailers, FIELDS_LIMIT_BYTES), INCOMING_BODY_BYTES);
     }
 
     #[test]

@@ -9,8 +9,13 @@
 //! most [`MAX_RESPONSE_HEAD_BYTES`], its body streamed to the guest a frame at a time as the
 //! guest reads (the objects the guest holds meanwhile are weighed as any other, `held.rs`). A
 //! request makes at most [`MAX_CALLS_PER_REQUEST`] calls, allowed or not (the rest are denied,
-//! said once), and its connections are closed when its instance ends.
+//! said once), and its connections are closed when its instance ends. Host-wide, at most
+//! [`MAX_OUTBOUND_SOCKETS`] calls hold a socket at once (the connection cap keeps their
+//! descriptors back) and at most [`MAX_NAME_LOOKUPS`] names are looked up at once, each within
+//! the call's connect deadline: the system's resolver blocks a thread of the pool the whole
+//! host shares.
 
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -20,6 +25,7 @@ use hyper_util::rt::TokioIo;
 use opentelemetry::trace::{SpanKind, Status, TraceContextExt};
 use opentelemetry::{Context, KeyValue};
 use opentelemetry_http::HeaderInjector;
+use tokio::sync::Semaphore;
 use wasmtime_wasi_http::{Error, RequestOptions, WasiBody};
 
 use crate::observability::request_report::{self, RequestRecord};
@@ -32,6 +38,60 @@ const MAX_LOGGED_DESTINATION: usize = 256;
 /// Outgoing calls one request may make, allowed or denied: a guest calling in a loop neither
 /// floods a destination nor the log, nor holds more than this many connections.
 pub const MAX_CALLS_PER_REQUEST: usize = 32;
+
+/// Outgoing connections open at once, host-wide; the connection cap keeps their descriptors
+/// back (`edge::connections::RESERVED_FILE_DESCRIPTORS`).
+pub const MAX_OUTBOUND_SOCKETS: usize = 128;
+/// Name lookups at once, host-wide. Each blocks a thread of tokio's blocking pool until the
+/// system's resolver answers, whatever the call's deadline: this bounds how many threads of
+/// that pool, which the whole host shares, calls can hold.
+pub const MAX_NAME_LOOKUPS: usize = 4;
+
+/// The host's sockets and name lookups for outgoing calls, shared by every request.
+#[derive(Clone)]
+pub struct OutboundSockets {
+    sockets: Arc<Semaphore>,
+    lookups: Arc<Semaphore>,
+}
+
+impl Default for OutboundSockets {
+    fn default() -> OutboundSockets {
+        OutboundSockets {
+            sockets: Arc::new(Semaphore::new(MAX_OUTBOUND_SOCKETS)),
+            lookups: Arc::new(Semaphore::new(MAX_NAME_LOOKUPS)),
+        }
+    }
+}
+
+impl OutboundSockets {
+    /// The addresses of `authority` (`host:port`): at once for an IP address, else from the
+    /// system's resolver, one of [`MAX_NAME_LOOKUPS`] at a time.
+    async fn resolve(&self, authority: &str) -> Result<Vec<SocketAddr>, Error> {
+        if let Ok(address) = authority.parse::<SocketAddr>() {
+            return Ok(vec![address]);
+        }
+        let lookup = Arc::clone(&self.lookups)
+            .acquire_owned()
+            .await
+            .map_err(|_| Error::DnsTimeout)?;
+        let authority = authority.to_string();
+        // The thread keeps its place until the resolver answers, even when the call has gone.
+        let found = tokio::task::spawn_blocking(move || {
+            let _lookup = lookup;
+            std::net::ToSocketAddrs::to_socket_addrs(&authority).map(Iterator::collect::<Vec<_>>)
+        })
+        .await
+        .map_err(|join| Error::InternalError(Some(join.to_string())))?;
+        match found {
+            Ok(addresses) if !addresses.is_empty() => Ok(addresses),
+            Ok(_) => Err(Error::DestinationNotFound),
+            Err(error) => Err(Error::DnsError {
+                rcode: Some(error.to_string()),
+                info_code: None,
+            }),
+        }
+    }
+}
 
 /// One destination the operator allows.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -113,6 +173,8 @@ pub struct OutgoingCalls {
     made: usize,
     /// The connections of the calls sent, closed when the request's instance ends.
     connections: Arc<std::sync::Mutex<Vec<tokio::task::AbortHandle>>>,
+    /// The host's sockets and lookups, which every request's calls share.
+    sockets: OutboundSockets,
 }
 
 impl Drop for OutgoingCalls {
@@ -128,10 +190,11 @@ impl Drop for OutgoingCalls {
 }
 
 impl OutgoingCalls {
-    /// The calls of a request due by `deadline`, within `rules`, traced under `parent`, their
-    /// denials noted in `record`.
+    /// The calls of a request due by `deadline`, within `rules` and the host's `sockets`,
+    /// traced under `parent`, their denials noted in `record`.
     pub fn new(
         rules: Arc<OutboundRules>,
+        sockets: OutboundSockets,
         deadline: Instant,
         parent: Context,
         record: Arc<RequestRecord>,
@@ -143,6 +206,7 @@ impl OutgoingCalls {
             record,
             made: 0,
             connections: Arc::default(),
+            sockets,
         }
     }
 
@@ -225,6 +289,7 @@ impl OutgoingCalls {
             connect_by,
             answer_by,
             connections: Arc::clone(&self.connections),
+            sockets: self.sockets.clone(),
         })
     }
 }
@@ -249,6 +314,7 @@ pub struct SentCall {
     answer_by: tokio::time::Instant,
     /// Where its connection's task is kept, to be closed with the request's instance.
     connections: Arc<std::sync::Mutex<Vec<tokio::task::AbortHandle>>>,
+    sockets: OutboundSockets,
 }
 
 /// The future a `wasi:http` send hook returns for the connection's end.
@@ -266,10 +332,20 @@ impl SentCall {
             connect_by,
             answer_by,
             connections,
+            sockets,
         } = self;
         let outcome = async {
+            let addresses = tokio::time::timeout_at(connect_by, sockets.resolve(&authority))
+                .await
+                .map_err(|_| Error::DnsTimeout)??;
+            // Held for as long as the connection, in its task.
+            let socket =
+                tokio::time::timeout_at(connect_by, Arc::clone(&sockets.sockets).acquire_owned())
+                    .await
+                    .map_err(|_| Error::ConnectionLimitReached)?
+                    .map_err(|_| Error::ConnectionLimitReached)?;
             let stream =
-                tokio::time::timeout_at(connect_by, tokio::net::TcpStream::connect(&authority))
+                tokio::time::timeout_at(connect_by, tokio::net::TcpStream::connect(&*addresses))
                     .await
                     .map_err(|_| Error::ConnectionTimeout)?
                     .map_err(Error::Connect)?;
@@ -282,6 +358,7 @@ impl SentCall {
             .await
             .map_err(|_| Error::ConnectionTimeout)??;
             let connection = tokio::spawn(async move {
+                let _socket = socket;
                 match tokio::time::timeout_at(deadline, connection).await {
                     Ok(Ok(())) => Ok(()),
                     Ok(Err(error)) => Err(Error::from(error)),
@@ -368,8 +445,13 @@ mod tests {
     fn a_request_makes_at_most_its_calls_allowed_or_not() {
         let rules = OutboundRules::parse("http://127.0.0.1:9").unwrap();
         let deadline = Instant::now() + std::time::Duration::from_secs(1);
-        let mut calls =
-            OutgoingCalls::new(Arc::new(rules), deadline, Context::new(), Arc::default());
+        let mut calls = OutgoingCalls::new(
+            Arc::new(rules),
+            OutboundSockets::default(),
+            deadline,
+            Context::new(),
+            Arc::default(),
+        );
         assert!(
             calls.send(call_to("http://127.0.0.1:10/"), None).is_err(),
             "not allowed"
@@ -386,6 +468,53 @@ mod tests {
             MAX_CALLS_PER_REQUEST - 2,
             "the denied ones count too"
         );
+    }
+
+    #[tokio::test]
+    async fn an_address_needs_no_lookup_and_a_name_waits_for_one_of_the_hosts_lookups() {
+        let sockets = OutboundSockets::default();
+        let all = Arc::clone(&sockets.lookups)
+            .try_acquire_many_owned(MAX_NAME_LOOKUPS as u32)
+            .unwrap();
+        let address: SocketAddr = "127.0.0.1:80".parse().unwrap();
+        assert_eq!(sockets.resolve("127.0.0.1:80").await.unwrap(), [address]);
+        let waited = tokio::time::timeout(
+            std::time::Duration::from_millis(100),
+            sockets.resolve("localhost:80"),
+        )
+        .await;
+        assert!(waited.is_err(), "looked up with every lookup taken");
+        drop(all);
+        assert!(!sockets.resolve("localhost:80").await.unwrap().is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_call_past_the_hosts_sockets_fails_at_its_connect_deadline_as_connection_limit_reached()
+     {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let sockets = OutboundSockets::default();
+        let _all = Arc::clone(&sockets.sockets)
+            .try_acquire_many_owned(MAX_OUTBOUND_SOCKETS as u32)
+            .unwrap();
+        let rules = OutboundRules::parse(&format!("http://127.0.0.1:{port}")).unwrap();
+        let wait = std::time::Duration::from_millis(200);
+        let mut calls = OutgoingCalls::new(
+            Arc::new(rules),
+            sockets,
+            Instant::now() + wait,
+            Context::new(),
+            Arc::default(),
+        );
+        let call = calls
+            .send(call_to(&format!("http://127.0.0.1:{port}/")), None)
+            .unwrap();
+        let started = Instant::now();
+        let Err(error) = call.exchange().await else {
+            panic!("the call got a socket past the host's bound");
+        };
+        assert!(matches!(error, Error::ConnectionLimitReached), "{error:?}");
+        assert!(started.elapsed() >= wait - std::time::Duration::from_millis(20));
     }
 
     #[test]

@@ -14,7 +14,7 @@
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError, Weak};
 use std::task::{Context, Poll, ready};
 use std::time::{Duration, Instant};
@@ -44,10 +44,16 @@ use crate::runtime::held::{BODY_CHUNK_BYTES, TooMuchHeld};
 use crate::runtime::pool::BUDGET_SPENT;
 use crate::runtime::slots::InstancePermit;
 use crate::runtime::store::{
-    InstanceFailure, Outbound, RequestContext, RequestParts, RequestSlot, RequestState, Served,
-    ServingInstance, new_reused_store,
+    Counted, InstanceFailure, Outbound, RequestContext, RequestParts, RequestSlot, RequestState,
+    Served, ServingInstance, new_reused_store,
 };
 use crate::user_store::UserStore;
+
+/// How long a request waits in the queue for a reused instance to take it. An instance takes
+/// requests only between turns of its event loop: one whose task computes, or holds its store
+/// in a host call, says it is free and takes nothing until it is done. Past this, the request
+/// goes to an instance of its own, and so do the next ones until that instance is back.
+pub const QUEUE_WAIT: Duration = Duration::from_millis(100);
 
 /// The reused instances of one guest.
 pub(super) struct ReusedInstances {
@@ -62,6 +68,13 @@ pub(super) struct ReusedInstances {
     left_unanswered: AtomicBool,
     /// Tells its instances to go, at a reload.
     retirement: Arc<Retirement>,
+    /// Requests withdrawn from the queue that no instance has taken since.
+    untaken: Arc<AtomicUsize>,
+    /// Instances being made now.
+    making: Arc<AtomicUsize>,
+    /// The store a withdrawn request meets if an instance takes it after all: empty, and
+    /// taking nothing.
+    refusing_users: Arc<UserStore>,
 }
 
 impl ReusedInstances {
@@ -83,6 +96,9 @@ impl ReusedInstances {
             handler: OnceLock::new(),
             left_unanswered: AtomicBool::new(false),
             retirement: Arc::default(),
+            untaken: Arc::default(),
+            making: Arc::default(),
+            refusing_users: Arc::new(UserStore::memory(0)),
         }
     }
 
@@ -98,9 +114,10 @@ impl ReusedInstances {
     }
 
     /// Serves a client's request (`context`, counted in `metrics`) in a reused instance, its
-    /// labels from `route_templates` and its outgoing calls within `outbound`. The request
-    /// holds its instance slot (`permit`) as a fresh instance does: running until its head is
-    /// out, then streaming, or taken back by a request that finds none free.
+    /// labels from `route_templates` and its outgoing calls within `outbound`, or gives it back
+    /// when none takes it within [`QUEUE_WAIT`]. The request holds its instance slot
+    /// (`permit`) as a fresh instance does: running until its head is out, then streaming, or
+    /// taken back by a request that finds none free.
     pub(super) async fn handle(
         &self,
         context: RequestContext,
@@ -109,7 +126,17 @@ impl ReusedInstances {
         outbound: Outbound,
         request: http::Request<WasiBody>,
         permit: InstancePermit,
-    ) -> Result<http::Response<GuestBody>, RequestError> {
+    ) -> Result<Handed, RequestError> {
+        // A request withdrawn earlier is still in the queue: the instance that said it was
+        // free has not come back for it, and would not for this one either.
+        if self.untaken.load(Ordering::SeqCst) > 0 {
+            let cost = context.cost_report();
+            return Ok(Handed::Untaken(UntakenRequest {
+                context,
+                request,
+                cost,
+            }));
+        }
         let handler = self.handler.get_or_init(|| {
             ProxyHandler::new(Instances {
                 pre: Arc::clone(&self.pre),
@@ -120,13 +147,16 @@ impl ReusedInstances {
                 users: Arc::clone(context.users()),
                 metrics,
                 retirement: Arc::clone(&self.retirement),
+                making: Arc::clone(&self.making),
             })
         });
+        let untouched = context.clone();
         let record = Arc::clone(context.record());
         let cost = context.cost_report();
         let client_stalled = Arc::clone(context.client_stalled());
         let parts = RequestParts::new(context, route_templates, outbound);
         let (head, body) = request.into_parts();
+        let head_copy = copy_of(&head);
         let (body, lent) = LentBody::lend(body);
         let request = http::Request::from_parts(head, lent);
         let (ended, end) = tokio::sync::oneshot::channel::<()>();
@@ -134,7 +164,7 @@ impl ReusedInstances {
             cost,
             record,
             slot: Arc::new(RequestSlot::new(parts)),
-            _body: body,
+            body,
             _ended: ended,
         };
         // The slot is held in a task of its own, which ends with the request or is stopped to
@@ -151,10 +181,26 @@ impl ReusedInstances {
         });
         // The instance's own expiry ends a request at its deadline; this is the backstop.
         let backstop = self.limits.request_timeout * 2 + Duration::from_secs(1);
-        let answer =
-            tokio::time::timeout(backstop, handler.handle(Arc::clone(&ending.slot), request))
-                .await
-                .map_err(|_| RequestError::Timeout)?;
+        let answering =
+            tokio::time::timeout(backstop, handler.handle(Arc::clone(&ending.slot), request));
+        tokio::pin!(answering);
+        let answer = loop {
+            match tokio::time::timeout(QUEUE_WAIT, &mut answering).await {
+                Ok(answer) => break answer,
+                // An instance being made takes this request or the queue's next: no instance
+                // has failed to come for it yet.
+                Err(_) if self.making.load(Ordering::SeqCst) > 0 => {}
+                Err(_)
+                    if ending
+                        .slot
+                        .withdraw(self.refusing(), Counted::new(&self.untaken)) =>
+                {
+                    return Ok(Handed::Untaken(ending.give_back(untouched, head_copy)));
+                }
+                Err(_) => break answering.await,
+            }
+        }
+        .map_err(|_| RequestError::Timeout)?;
         let served = ending.slot.served();
         match answer {
             Ok(response) => {
@@ -163,8 +209,9 @@ impl ReusedInstances {
                     .start_streaming(&permit, slot_holder.abort_handle());
                 let instance = served.map(|served| Arc::clone(&served.instance));
                 let bounds = self.limits.body;
-                Ok(response
-                    .map(|body| GuestBody::reused(body, ending, instance, bounds, client_stalled)))
+                Ok(Handed::Answered(response.map(|body| {
+                    GuestBody::reused(body, ending, instance, bounds, client_stalled)
+                })))
             }
             Err(error) => {
                 // The request's task may have vanished with its instance, whose error reaches
@@ -200,6 +247,47 @@ impl ReusedInstances {
             }
         }
     }
+}
+
+impl ReusedInstances {
+    /// The parts a withdrawn request is served with if an instance takes it after all: an
+    /// empty store that takes nothing, no span, no call out, so nothing of it is done twice.
+    fn refusing(&self) -> RequestParts {
+        RequestParts::new(
+            RequestContext::quiet(Arc::clone(&self.refusing_users)),
+            Arc::default(),
+            Outbound {
+                rules: Arc::default(),
+                sockets: self.capacity.outbound_sockets.clone(),
+                deadline: Instant::now(),
+            },
+        )
+    }
+}
+
+/// What became of a client's request handed to the reused instances.
+pub(super) enum Handed {
+    /// An instance took it and answered.
+    Answered(http::Response<GuestBody>),
+    /// No instance took it: it comes back whole, for an instance of its own.
+    Untaken(UntakenRequest),
+}
+
+/// A client's request no reused instance took, as it came, with its cost report.
+pub(super) struct UntakenRequest {
+    pub context: RequestContext,
+    pub request: http::Request<WasiBody>,
+    pub cost: Option<CostReport>,
+}
+
+/// A copy of `head` without its extensions, which the host does not use.
+fn copy_of(head: &http::request::Parts) -> http::request::Parts {
+    let (mut copy, ()) = http::Request::new(()).into_parts();
+    copy.method = head.method.clone();
+    copy.uri = head.uri.clone();
+    copy.version = head.version;
+    copy.headers = head.headers.clone();
+    copy
 }
 
 /// Why no instance could be made for a request.
@@ -292,9 +380,33 @@ pub(super) struct RequestEnd {
     record: Arc<RequestRecord>,
     slot: Arc<RequestSlot>,
     /// The client's body, lent to the instance until the request ends.
-    _body: Arc<Mutex<Lent>>,
+    body: Arc<Mutex<Lent>>,
     /// Dropped when the request ends, so that its slot holder gives the slot back.
     _ended: tokio::sync::oneshot::Sender<()>,
+}
+
+impl RequestEnd {
+    /// The withdrawn request, whole again: its `context`, its `head` and its body, and its cost
+    /// report, which is not made here.
+    fn give_back(mut self, context: RequestContext, head: http::request::Parts) -> UntakenRequest {
+        let body = self
+            .body
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .body
+            .take();
+        // No instance took the request, so none has read its body.
+        let body = body.unwrap_or_else(|| {
+            http_body_util::Empty::new()
+                .map_err(|never| match never {})
+                .boxed_unsync()
+        });
+        UntakenRequest {
+            context,
+            request: http::Request::from_parts(head, body),
+            cost: self.cost.take(),
+        }
+    }
 }
 
 impl Drop for RequestEnd {
@@ -355,7 +467,8 @@ struct LentBody {
 
 /// What a request lends: its body, and what is left of the frame being copied out.
 struct Lent {
-    body: WasiBody,
+    /// `None` once the request is withdrawn: it went to an instance of its own.
+    body: Option<WasiBody>,
     left: Bytes,
 }
 
@@ -363,7 +476,7 @@ impl LentBody {
     /// `body`, owned by the first half (the request) and lent through the second.
     fn lend(body: WasiBody) -> (Arc<Mutex<Lent>>, WasiBody) {
         let owned = Arc::new(Mutex::new(Lent {
-            body,
+            body: Some(body),
             left: Bytes::new(),
         }));
         let lent = LentBody {
@@ -394,7 +507,12 @@ impl Body for LentBody {
                 lent.left.advance(length);
                 return Poll::Ready(Some(Ok(Frame::data(chunk))));
             }
-            match ready!(Pin::new(&mut lent.body).poll_frame(cx)) {
+            let Some(body) = lent.body.as_mut() else {
+                return Poll::Ready(Some(Err(wasmtime_wasi_http::Error::InternalError(Some(
+                    "the request was withdrawn from this instance".to_string(),
+                )))));
+            };
+            match ready!(Pin::new(body).poll_frame(cx)) {
                 Some(Ok(frame)) => match frame.into_data() {
                     Ok(data) => lent.left = data,
                     Err(trailers) => return Poll::Ready(Some(Ok(trailers))),
@@ -407,7 +525,7 @@ impl Body for LentBody {
     fn is_end_stream(&self) -> bool {
         self.lent.upgrade().is_some_and(|owned| {
             let lent = owned.lock().unwrap_or_else(PoisonError::into_inner);
-            lent.left.is_empty() && lent.body.is_end_stream()
+            lent.left.is_empty() && lent.body.as_ref().is_some_and(Body::is_end_stream)
         })
     }
 
@@ -417,7 +535,10 @@ impl Body for LentBody {
             return SizeHint::default();
         };
         let lent = owned.lock().unwrap_or_else(PoisonError::into_inner);
-        let (inner, left) = (lent.body.size_hint(), lent.left.len() as u64);
+        let Some(body) = lent.body.as_ref() else {
+            return SizeHint::default();
+        };
+        let (inner, left) = (body.size_hint(), lent.left.len() as u64);
         let mut hint = SizeHint::new();
         hint.set_lower(inner.lower().saturating_add(left));
         if let Some(upper) = inner.upper() {
@@ -437,6 +558,8 @@ struct Instances {
     users: Arc<UserStore>,
     metrics: Arc<Metrics>,
     retirement: Arc<Retirement>,
+    /// Instances being made now.
+    making: Arc<AtomicUsize>,
 }
 
 /// What a reload tells a guest's instances. wasmtime-wasi-http's workers outlive their
@@ -467,6 +590,7 @@ impl HandlerState for Instances {
     type WorkerState = Worker;
 
     async fn instantiate(&self) -> wasmtime::Result<Instance<RequestState, Expiry, Worker>> {
+        let _making = Counted::new(&self.making);
         // Every live instance holds a place, so instances stay within the pools' regions.
         let permit = self
             .capacity
@@ -482,6 +606,7 @@ impl HandlerState for Instances {
             Arc::default(),
             Outbound {
                 rules: Arc::default(),
+                sockets: self.capacity.outbound_sockets.clone(),
                 deadline: Instant::now(),
             },
         ));
@@ -571,7 +696,8 @@ impl WorkerState for Worker {
         slot: Arc<RequestSlot>,
         task: GuestTaskId,
     ) -> Pin<Box<dyn Future<Output = ()> + Send + Sync>> {
-        slot.served_by(Arc::clone(&self.instance));
+        // A withdrawn request, taken after all, is served with parts that refuse it all.
+        let _ = slot.served_by(Arc::clone(&self.instance));
         store.data_mut().adopt(task, slot);
         Box::pin(tokio::time::sleep(self.request_timeout))
     }

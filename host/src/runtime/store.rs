@@ -32,7 +32,7 @@ use crate::observability::request_report::{
 use crate::observability::routes::RouteTemplates;
 use crate::runtime::capacity::InstanceLimiter;
 use crate::runtime::held::{BODY_BUFFER_CHUNKS, BODY_CHUNK_BYTES, FIELDS_LIMIT_BYTES, HeldObjects};
-use crate::runtime::outbound::{OutboundRules, OutgoingCalls};
+use crate::runtime::outbound::{OutboundRules, OutboundSockets, OutgoingCalls};
 use crate::user_store::UserStore;
 
 /// Resource handles one request's guest may hold at once (streams, fields, spans...): far more
@@ -50,6 +50,7 @@ pub const MAX_COMPONENT_HANDLES_PER_REQUEST: usize = MAX_RESOURCES_PER_REQUEST;
 pub const MAX_COMPONENT_HANDLES_PER_WASIP3_REQUEST: usize = 2 * 1024;
 
 /// What the host knows of one request before its guest runs.
+#[derive(Clone)]
 pub struct RequestContext {
     /// The shared store behind the `users` interface.
     users: Arc<UserStore>,
@@ -66,6 +67,7 @@ pub struct RequestContext {
 }
 
 /// Where a client's request is traced, logged and counted.
+#[derive(Clone)]
 struct Reporting {
     metrics: Arc<Metrics>,
     /// The request's server span: the parent of every span the guest opens.
@@ -198,6 +200,7 @@ impl RequestParts {
         } = context;
         let calls = OutgoingCalls::new(
             outbound.rules,
+            outbound.sockets,
             outbound.deadline,
             reporting
                 .as_ref()
@@ -235,6 +238,8 @@ impl RequestParts {
 pub struct Outbound {
     /// The destinations allowed.
     pub rules: Arc<OutboundRules>,
+    /// The host's sockets and name lookups, shared with every other request.
+    pub sockets: OutboundSockets,
     /// The request's deadline, which no call outlives.
     pub deadline: Instant,
 }
@@ -340,8 +345,30 @@ fn store_of(
 pub struct RequestSlot {
     parts: Mutex<Option<Box<RequestParts>>>,
     ended: AtomicBool,
+    /// Set when the request was taken back before an instance took it: an instance that
+    /// takes it later serves it with parts that refuse it everything.
+    withdrawn: AtomicBool,
+    /// Counts the withdrawn request until an instance takes it, or it goes untaken.
+    untaken: Mutex<Option<Counted>>,
     /// The instance serving the request, once one does.
     instance: OnceLock<Served>,
+}
+
+/// One in a count, for as long as it lives.
+pub struct Counted(Arc<AtomicUsize>);
+
+impl Counted {
+    /// One more in `count`.
+    pub fn new(count: &Arc<AtomicUsize>) -> Counted {
+        count.fetch_add(1, Ordering::SeqCst);
+        Counted(Arc::clone(count))
+    }
+}
+
+impl Drop for Counted {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 /// What a request learns of the reused instance that serves it.
@@ -509,19 +536,56 @@ impl RequestSlot {
         RequestSlot {
             parts: Mutex::new(Some(Box::new(parts))),
             ended: AtomicBool::new(false),
+            withdrawn: AtomicBool::new(false),
+            untaken: Mutex::default(),
             instance: OnceLock::new(),
         }
     }
 
-    /// Notes that `instance` serves the request from now on.
-    pub fn served_by(&self, instance: Arc<ServingInstance>) {
+    /// Notes that `instance` has taken the request; `false` if it was withdrawn first, when
+    /// the instance serves nobody's request with the parts that refuse it.
+    pub fn served_by(&self, instance: Arc<ServingInstance>) -> bool {
+        let ordinal = instance.taken.fetch_add(1, Ordering::SeqCst) + 1;
+        // Under the parts' lock, so that a withdrawal and a take never both succeed.
+        let _parts = self.lock();
+        if self.is_withdrawn() {
+            let untaken = self
+                .untaken
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .take();
+            drop(untaken);
+            return false;
+        }
         let _ = self.instance.set(Served {
             over_budget_before: instance.record.cost.was_over_budget(),
             over_limit_before: instance.record.cost.was_over_limit(),
-            ordinal: instance.taken.fetch_add(1, Ordering::SeqCst) + 1,
+            ordinal,
             instance,
             accepted: Instant::now(),
         });
+        true
+    }
+
+    /// Takes the request back unless an instance has taken it; `true` if so, `untaken` then
+    /// counting it until an instance takes it. An instance that takes it later finds
+    /// `refusing` in place of its parts: no store, no span, no call out.
+    pub fn withdraw(&self, refusing: RequestParts, untaken: Counted) -> bool {
+        let mut parts = self.lock();
+        if self.instance.get().is_some() {
+            return false;
+        }
+        self.withdrawn.store(true, Ordering::SeqCst);
+        *self.untaken.lock().unwrap_or_else(PoisonError::into_inner) = Some(untaken);
+        let own = parts.replace(Box::new(refusing));
+        drop(parts);
+        drop(own);
+        true
+    }
+
+    /// Whether the request was taken back before an instance took it.
+    pub fn is_withdrawn(&self) -> bool {
+        self.withdrawn.load(Ordering::SeqCst)
     }
 
     /// The instance serving the request, once one does.
@@ -529,9 +593,13 @@ impl RequestSlot {
         self.instance.get()
     }
 
-    /// Ends the request: its parts are dropped now, or as soon as its host call returns.
+    /// Ends the request: its parts are dropped now, or as soon as its host call returns; a
+    /// withdrawn request's refusing parts stay for the instance that may yet take it.
     pub fn end(&self) {
         self.ended.store(true, Ordering::SeqCst);
+        if self.is_withdrawn() {
+            return;
+        }
         let parts = self.lock().take();
         drop(parts);
     }
@@ -542,7 +610,7 @@ impl RequestSlot {
 
     fn put_back(&self, parts: Box<RequestParts>) {
         let mut slot = self.lock();
-        if self.ended.load(Ordering::SeqCst) {
+        if self.ended.load(Ordering::SeqCst) && !self.is_withdrawn() {
             drop(slot);
             drop(parts);
         } else {
@@ -574,10 +642,13 @@ struct ReusedRequests {
 
 impl RequestState {
     /// Serves `slot`'s request in `task` of this reused instance; ended requests are
-    /// forgotten, so the map holds no more than the requests in the instance.
+    /// forgotten (a withdrawn one not, whose task may run on), so the map holds no more than
+    /// the requests the instance has taken.
     pub fn adopt(&mut self, task: GuestTaskId, slot: Arc<RequestSlot>) {
         if let Some(reused) = &mut self.reused {
-            reused.tasks.retain(|_, slot| !slot.is_ended());
+            reused
+                .tasks
+                .retain(|_, slot| !slot.is_ended() || slot.is_withdrawn());
             reused.tasks.insert(task, slot);
         }
     }
@@ -769,6 +840,67 @@ mod tests {
             waited(&instance, 2, |instance| instance.end(None)).await,
             (Duration::ZERO, false)
         );
+    }
+
+    /// The parts of a request the host sends itself on `users`, and its record.
+    fn quiet_parts(users: &Arc<UserStore>) -> (RequestParts, Arc<RequestRecord>) {
+        let context = RequestContext::quiet(Arc::clone(users));
+        let record = Arc::clone(context.record());
+        let outbound = Outbound {
+            rules: Arc::default(),
+            sockets: OutboundSockets::default(),
+            deadline: std::time::Instant::now(),
+        };
+        (RequestParts::new(context, Arc::default(), outbound), record)
+    }
+
+    #[test]
+    fn a_withdrawn_request_an_instance_takes_later_meets_the_refusing_parts_not_its_own() {
+        let users = Arc::new(UserStore::memory(10));
+        let untaken = Arc::new(AtomicUsize::new(0));
+        let (own, own_record) = quiet_parts(&users);
+        let slot = RequestSlot::new(own);
+        let (refusing, refusing_record) = quiet_parts(&users);
+        assert!(slot.withdraw(refusing, Counted::new(&untaken)));
+        assert_eq!(untaken.load(Ordering::SeqCst), 1);
+        // The withdrawing side ends the request; the queue's copy lives on.
+        slot.end();
+        let instance = Arc::new(ServingInstance::default());
+        assert!(!slot.served_by(Arc::clone(&instance)));
+        assert_eq!(untaken.load(Ordering::SeqCst), 0, "taken at last");
+        assert!(slot.served().is_none());
+        assert_eq!(instance.taken(), 1, "the instance did take it");
+        let parts = slot
+            .take()
+            .expect("the refusing parts outlive the request's end");
+        assert!(Arc::ptr_eq(&parts.record, &refusing_record));
+        assert!(!Arc::ptr_eq(&parts.record, &own_record));
+    }
+
+    #[test]
+    fn a_request_an_instance_has_taken_is_never_withdrawn() {
+        let users = Arc::new(UserStore::memory(10));
+        let untaken = Arc::new(AtomicUsize::new(0));
+        let (own, own_record) = quiet_parts(&users);
+        let slot = RequestSlot::new(own);
+        assert!(slot.served_by(Arc::new(ServingInstance::default())));
+        let (refusing, _) = quiet_parts(&users);
+        assert!(!slot.withdraw(refusing, Counted::new(&untaken)));
+        assert_eq!(untaken.load(Ordering::SeqCst), 0);
+        assert!(!slot.is_withdrawn());
+        let parts = slot.take().expect("its own parts");
+        assert!(Arc::ptr_eq(&parts.record, &own_record));
+    }
+
+    #[test]
+    fn a_withdrawn_request_no_instance_takes_leaves_the_count_when_it_goes() {
+        let users = Arc::new(UserStore::memory(10));
+        let untaken = Arc::new(AtomicUsize::new(0));
+        let slot = RequestSlot::new(quiet_parts(&users).0);
+        assert!(slot.withdraw(quiet_parts(&users).0, Counted::new(&untaken)));
+        assert_eq!(untaken.load(Ordering::SeqCst), 1);
+        drop(slot);
+        assert_eq!(untaken.load(Ordering::SeqCst), 0);
     }
 
     #[test]
