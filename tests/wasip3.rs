@@ -269,6 +269,49 @@ async fn a_trap_in_a_reused_instance_fails_the_requests_inside_it_and_no_other()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_panic_in_a_reused_instance_puts_its_text_in_no_other_requests_line() {
+    const MARKER: &str = "marker-4f1d9c-of-another-request";
+    let host = Arc::new(reusing_host("1000", "2", &[]));
+    // A request from another address shares the instance when the panic ends it.
+    let sharing = {
+        let host = Arc::clone(&host);
+        tokio::spawn(async move {
+            let response = client_from([127, 0, 0, 3])
+                .get(host.url("/sleep"))
+                .header("x-request-id", "sharing")
+                .send()
+                .await
+                .unwrap();
+            response.status().as_u16()
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(60)).await;
+    let panicking = client_from([127, 0, 0, 2])
+        .get(host.url(&format!("/panic?{MARKER}")))
+        .header("x-request-id", "panicking")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(panicking.status(), 500);
+    assert_eq!(sharing.await.unwrap(), 500, "it shared the instance");
+    let shared = host.wait_for_log(|line| line["request_id"] == "sharing" && line["status"] == 500);
+    assert!(
+        shared["error"]
+            .as_str()
+            .is_some_and(|error| error.contains("the reused instance serving it failed")),
+        "{shared}"
+    );
+    host.wait_for_log(|line| line["message"] == "a reused guest instance ended");
+    let leaked: Vec<_> = host
+        .log_lines()
+        .into_iter()
+        .filter(|line| line["request_id"].is_string() && line["request_id"] != "panicking")
+        .filter(|line| line.to_string().contains(MARKER))
+        .collect();
+    assert!(leaked.is_empty(), "{leaked:#?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_reuse_a_request_past_the_running_slots_waits_for_one_as_a_fresh_one_does() {
     let host = Arc::new(reusing_host(
         "100",
