@@ -39,8 +39,13 @@ impl InProcess {
 
     /// [`InProcess::start`], serving at most `max_connections` at once.
     async fn start_with(max_connections: usize) -> InProcess {
-        let runtime = Runtime::new(ComponentCache::new(tempdir()), GuestLimits::default())
-            .expect("the wasm runtime starts");
+        InProcess::start_limited(max_connections, GuestLimits::default()).await
+    }
+
+    /// [`InProcess::start_with`], its guests within `limits`.
+    async fn start_limited(max_connections: usize, limits: GuestLimits) -> InProcess {
+        let runtime =
+            Runtime::new(ComponentCache::new(tempdir()), limits).expect("the wasm runtime starts");
         let guest = load(&runtime, "guest").await;
         let app = Arc::new(App::new(
             Arc::new(Serving::new(guest)),
@@ -209,6 +214,98 @@ async fn one_peer_stalling_bodies_fills_its_share_and_a_fresh_clients_post_gets_
         .unwrap();
     let (status, user) = create_with(&fresh, &server.base_url, "Fresh", "fresh@x.io").await;
     assert_eq!(status, 201, "{user}");
+}
+
+/// What the host answers `request`, sent whole from `from` on a connection of its own.
+async fn exchange(server: &InProcess, from: [u8; 4], request: &[u8]) -> String {
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.bind(std::net::SocketAddr::from((from, 0))).unwrap();
+    let authority = server.base_url.trim_start_matches("http://");
+    let mut stream = socket.connect(authority.parse().unwrap()).await.unwrap();
+    stream.write_all(request).await.unwrap();
+    let mut answer = Vec::new();
+    let read = stream.read_to_end(&mut answer);
+    let _ = tokio::time::timeout(Duration::from_secs(10), read).await;
+    String::from_utf8_lossy(&answer).into_owned()
+}
+
+/// A connection from `from` that asks for the list of users and reads none of it.
+async fn unread_list(server: &InProcess, from: [u8; 4]) -> TcpStream {
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    // A small window, so the host's side fills at once.
+    socket.set_recv_buffer_size(4 << 10).unwrap();
+    socket.bind(std::net::SocketAddr::from((from, 0))).unwrap();
+    let authority = server.base_url.trim_start_matches("http://");
+    let mut stream = socket.connect(authority.parse().unwrap()).await.unwrap();
+    stream
+        .write_all(b"GET /api/users HTTP/1.1\r\nHost: t\r\n\r\n")
+        .await
+        .unwrap();
+    stream
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn eight_addresses_holding_the_body_budget_and_the_streaming_slots_leave_a_ninths_small_post_and_get_answered()
+ {
+    let limits = GuestLimits {
+        max_streaming: 8,
+        ..GuestLimits::default()
+    };
+    let server = InProcess::start_limited(1_000, limits).await;
+    // A list of about 2 MB (the store holds 1,000 users; the ninth's POST is the last), far
+    // more than a client that reads none of it takes: each of the crowd's eight addresses
+    // holds one of the eight streaming slots with it.
+    let client = client();
+    for i in 0..999 {
+        let name = "\u{1F600}".repeat(200);
+        let email = format!("{i:04}{}@x.io", "e".repeat(240));
+        let (status, body) = create_with(&client, &server.base_url, &name, &email).await;
+        assert_eq!(status, 201, "{body}");
+    }
+    let crowd: Vec<[u8; 4]> = (2..10).map(|last| [127, 0, 0, last]).collect();
+    let mut held = Vec::new();
+    for &address in &crowd {
+        held.push(unread_list(&server, address).await);
+        // More than its share of the body budget: half of a 1 MiB body on each of 16
+        // connections, then smaller ones to fill what is left of it to within 1 KiB.
+        let sizes = [(16, 1 << 20), (10, 128 << 10), (6, 32 << 10), (20, 2 << 10)];
+        for (bodies, length) in sizes {
+            for _ in 0..bodies {
+                held.push(stalled_body(&server, address, length, length / 2).await);
+            }
+        }
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    // The shared part is full: a large body from an address of its own finds no room (well
+    // within the 10 s body deadline, which would free the crowd's bodies).
+    let mut large = stalled_body(&server, [127, 0, 0, 11], 1 << 20, 512 << 10).await;
+    let mut answer = [0; 12];
+    let answered =
+        tokio::time::timeout(Duration::from_secs(2), large.read_exact(&mut answer)).await;
+    assert!(
+        matches!(answered, Ok(Ok(_))) && answer.ends_with(b" 503"),
+        "the crowd left room in the budget: {}",
+        String::from_utf8_lossy(&answer)
+    );
+    // 16,000 bytes: more than the crowd left of the shared part, within what the reserve
+    // takes. Over a socket of its own, so that no client library sends it twice.
+    let json = r#"{"name": "Ninth", "email": "ninth@x.io"}"#;
+    let body = format!("{json}{}", " ".repeat(16_000 - json.len()));
+    let post = format!(
+        "POST /api/users HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    let ninth = [127, 0, 0, 10];
+    let created = exchange(&server, ninth, post.as_bytes()).await;
+    assert!(created.starts_with("HTTP/1.1 201"), "{created}");
+    let get = b"GET /api/health HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n";
+    assert!(
+        exchange(&server, ninth, get)
+            .await
+            .starts_with("HTTP/1.1 200")
+    );
+    drop(held);
 }
 
 #[test]

@@ -160,8 +160,8 @@ pub struct Reservation {
 
 impl Reservation {
     /// Holds `total` bytes in all, if the budget and the peer's share have the difference;
-    /// `false` if not. A body starts in the shared part, or in the reserve when the shared
-    /// part has no room for it and it is small, and stays where it started.
+    /// `false` if not. A body is held in the shared part while it has room, and in the reserve,
+    /// whole, once it has not and the body is small; there it stays.
     fn grow_to(&mut self, total: usize) -> bool {
         let Some(buffers) = &self.buffers else {
             return true;
@@ -171,14 +171,17 @@ impl Reservation {
             buffers.reserve.take(self.peer, more)
         } else if buffers.shared.take(self.peer, more) {
             true
-        } else if self.bytes == 0 && buffers.reserve.take(self.peer, more) {
+        } else if buffers.reserve.take(self.peer, total) {
+            // Its first bytes may have found room in the shared part, its next ones not.
+            buffers.shared.give_back(self.peer, self.bytes);
+            self.bytes = 0;
             self.from_reserve = true;
             true
         } else {
             false
         };
         if taken {
-            self.bytes += more;
+            self.bytes = total.max(self.bytes);
         }
         taken
     }
@@ -391,6 +394,29 @@ mod tests {
         );
         drop(kept);
         assert!(body_of(&buffers, [10, 2, 0, 0], small).is_some());
+    }
+
+    #[test]
+    fn a_small_body_whose_next_bytes_find_the_shared_part_full_moves_to_the_reserve_whole() {
+        let buffers = BodyBuffers::new(64 << 20, 1 << 20);
+        let mut small = reservation(&buffers, Some([10, 0, 0, 9]));
+        assert!(small.grow_to(100), "its first bytes, in the shared part");
+        let mebibyte = 1 << 20;
+        let mut crowd: Vec<_> = (1..=8)
+            .flat_map(|peer| (0..7).map(move |_| [10, 0, 0, peer]))
+            .filter_map(|peer| body_of(&buffers, peer, mebibyte))
+            .collect();
+        crowd.extend(body_of(&buffers, [10, 0, 0, 10], mebibyte - 100));
+        assert_eq!(buffers.shared.held(), 56 << 20, "the shared part is full");
+        assert!(small.grow_to(200), "its next bytes, in the reserve");
+        assert_eq!(buffers.shared.held(), (56 << 20) - 100);
+        assert_eq!(buffers.reserve.held(), 200);
+        drop(small);
+        assert_eq!(buffers.reserve.held(), 0);
+        assert!(
+            !reservation(&buffers, Some([10, 0, 0, 11])).grow_to(mebibyte),
+            "a large body moves nowhere"
+        );
     }
 
     #[test]
