@@ -420,6 +420,13 @@ async fn with_reuse_an_instance_that_waits_then_computes_keeps_no_other_clients_
     }
     assert!(!computing.is_finished(), "it was computing all along");
     assert_eq!(computing.await.unwrap(), 503, "stopped at its deadline");
+    // The first health check's copy, left in the queue, was taken by an instance made for it
+    // and stopped before it did any work: the next request's instance has served it alone.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let (status, body) = get(&host, "/api/health").await;
+    assert_eq!((status, &body["served"]), (200, &Value::from(1)), "{body}");
+    let ended = host.log_lines_where(|line| line["message"] == "a reused guest instance ended");
+    assert_eq!(ended.len(), 1, "only the computing instance: {ended:#?}");
 }
 
 #[tokio::test]

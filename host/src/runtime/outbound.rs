@@ -42,6 +42,11 @@ pub const MAX_CALLS_PER_REQUEST: usize = 32;
 /// Outgoing connections open at once, host-wide; the connection cap keeps their descriptors
 /// back (`edge::connections::RESERVED_FILE_DESCRIPTORS`).
 pub const MAX_OUTBOUND_SOCKETS: usize = 128;
+/// Outgoing connections one request holds open at once: a few requests cannot take the host's.
+pub const MAX_SOCKETS_PER_REQUEST: usize = 8;
+/// How long a call waits for a socket (its request's, then the host's) before it fails with
+/// `connection-limit-reached`: a call past the bounds fails soon, not at the deadline.
+const SOCKET_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
 /// Name lookups at once, host-wide. Each blocks a thread of tokio's blocking pool until the
 /// system's resolver answers, whatever the call's deadline: this bounds how many threads of
 /// that pool, which the whole host shares, calls can hold.
@@ -175,6 +180,8 @@ pub struct OutgoingCalls {
     connections: Arc<std::sync::Mutex<Vec<tokio::task::AbortHandle>>>,
     /// The host's sockets and lookups, which every request's calls share.
     sockets: OutboundSockets,
+    /// The request's own sockets, [`MAX_SOCKETS_PER_REQUEST`].
+    own_sockets: Arc<Semaphore>,
 }
 
 impl Drop for OutgoingCalls {
@@ -207,6 +214,7 @@ impl OutgoingCalls {
             made: 0,
             connections: Arc::default(),
             sockets,
+            own_sockets: Arc::new(Semaphore::new(MAX_SOCKETS_PER_REQUEST)),
         }
     }
 
@@ -290,6 +298,7 @@ impl OutgoingCalls {
             answer_by,
             connections: Arc::clone(&self.connections),
             sockets: self.sockets.clone(),
+            own_sockets: Arc::clone(&self.own_sockets),
         })
     }
 }
@@ -315,6 +324,7 @@ pub struct SentCall {
     /// Where its connection's task is kept, to be closed with the request's instance.
     connections: Arc<std::sync::Mutex<Vec<tokio::task::AbortHandle>>>,
     sockets: OutboundSockets,
+    own_sockets: Arc<Semaphore>,
 }
 
 /// The future a `wasi:http` send hook returns for the connection's end.
@@ -333,17 +343,25 @@ impl SentCall {
             answer_by,
             connections,
             sockets,
+            own_sockets,
         } = self;
         let outcome = async {
             let addresses = tokio::time::timeout_at(connect_by, sockets.resolve(&authority))
                 .await
                 .map_err(|_| Error::DnsTimeout)??;
-            // Held for as long as the connection, in its task.
-            let socket =
-                tokio::time::timeout_at(connect_by, Arc::clone(&sockets.sockets).acquire_owned())
-                    .await
-                    .map_err(|_| Error::ConnectionLimitReached)?
-                    .map_err(|_| Error::ConnectionLimitReached)?;
+            // The request's socket, then the host's: held for as long as the connection, in
+            // its task.
+            let socket_by = connect_by.min(tokio::time::Instant::now() + SOCKET_WAIT);
+            let socket = async {
+                let own = own_sockets.acquire_owned().await.ok()?;
+                let host = Arc::clone(&sockets.sockets).acquire_owned().await.ok()?;
+                Some((own, host))
+            };
+            let socket = tokio::time::timeout_at(socket_by, socket)
+                .await
+                .ok()
+                .flatten()
+                .ok_or(Error::ConnectionLimitReached)?;
             let stream =
                 tokio::time::timeout_at(connect_by, tokio::net::TcpStream::connect(&*addresses))
                     .await
@@ -515,6 +533,33 @@ mod tests {
         };
         assert!(matches!(error, Error::ConnectionLimitReached), "{error:?}");
         assert!(started.elapsed() >= wait - std::time::Duration::from_millis(20));
+    }
+
+    #[tokio::test]
+    async fn a_call_past_its_requests_sockets_fails_within_the_socket_wait_not_the_deadline() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let rules = OutboundRules::parse(&format!("http://127.0.0.1:{port}")).unwrap();
+        let mut calls = OutgoingCalls::new(
+            Arc::new(rules),
+            OutboundSockets::default(),
+            Instant::now() + std::time::Duration::from_secs(30),
+            Context::new(),
+            Arc::default(),
+        );
+        let _own = Arc::clone(&calls.own_sockets)
+            .try_acquire_many_owned(MAX_SOCKETS_PER_REQUEST as u32)
+            .unwrap();
+        let call = calls
+            .send(call_to(&format!("http://127.0.0.1:{port}/")), None)
+            .unwrap();
+        let started = Instant::now();
+        let Err(error) = call.exchange().await else {
+            panic!("the call got a socket past its request's bound");
+        };
+        assert!(matches!(error, Error::ConnectionLimitReached), "{error:?}");
+        let waited = started.elapsed();
+        assert!(waited < std::time::Duration::from_secs(3), "{waited:?}");
     }
 
     #[test]

@@ -42,18 +42,19 @@ use crate::runtime::capacity::{BodyBounds, GuestCapacity, GuestLimits, InstanceR
 use crate::runtime::guest_body::GuestBody;
 use crate::runtime::held::{BODY_CHUNK_BYTES, TooMuchHeld};
 use crate::runtime::pool::BUDGET_SPENT;
-use crate::runtime::slots::InstancePermit;
+use crate::runtime::slots::{InstancePermit, SLOT_WAIT};
 use crate::runtime::store::{
     Counted, InstanceFailure, Outbound, RequestContext, RequestParts, RequestSlot, RequestState,
     Served, ServingInstance, new_reused_store,
 };
 use crate::user_store::UserStore;
 
-/// How long a request waits in the queue for a reused instance to take it. An instance takes
-/// requests only between turns of its event loop: one whose task computes, or holds its store
-/// in a host call, says it is free and takes nothing until it is done. Past this, the request
-/// goes to an instance of its own, and so do the next ones until that instance is back.
-pub const QUEUE_WAIT: Duration = Duration::from_millis(100);
+/// How long a request waits in the queue for a reused instance that says it is free to take
+/// it. An instance takes requests only between turns of its event loop: one whose task
+/// computes, or holds its store in a host call, says it is free and takes nothing until it is
+/// done. Past this, the request goes to an instance of its own, and so do the next ones until
+/// that instance is back.
+pub const QUEUE_WAIT: Duration = Duration::from_millis(250);
 
 /// The reused instances of one guest.
 pub(super) struct ReusedInstances {
@@ -72,6 +73,8 @@ pub(super) struct ReusedInstances {
     untaken: Arc<AtomicUsize>,
     /// Instances being made now.
     making: Arc<AtomicUsize>,
+    /// Instances that said, at their latest turn, that they would take a request.
+    free: Arc<AtomicUsize>,
     /// The store a withdrawn request meets if an instance takes it after all: empty, and
     /// taking nothing.
     refusing_users: Arc<UserStore>,
@@ -98,6 +101,7 @@ impl ReusedInstances {
             retirement: Arc::default(),
             untaken: Arc::default(),
             making: Arc::default(),
+            free: Arc::default(),
             refusing_users: Arc::new(UserStore::memory(0)),
         }
     }
@@ -148,6 +152,7 @@ impl ReusedInstances {
                 metrics,
                 retirement: Arc::clone(&self.retirement),
                 making: Arc::clone(&self.making),
+                free: Arc::clone(&self.free),
             })
         });
         let untouched = context.clone();
@@ -184,17 +189,18 @@ impl ReusedInstances {
         let answering =
             tokio::time::timeout(backstop, handler.handle(Arc::clone(&ending.slot), request));
         tokio::pin!(answering);
+        let queued = Instant::now();
         let answer = loop {
+            let making = self.making.load(Ordering::SeqCst) > 0;
             match tokio::time::timeout(QUEUE_WAIT, &mut answering).await {
                 Ok(answer) => break answer,
-                // An instance being made takes this request or the queue's next: no instance
-                // has failed to come for it yet.
-                Err(_) if self.making.load(Ordering::SeqCst) > 0 => {}
-                Err(_)
-                    if ending
-                        .slot
-                        .withdraw(self.refusing(), Counted::new(&self.untaken)) =>
-                {
+                // With no instance saying it is free, wasmtime-wasi-http makes one that takes
+                // the request, as under `wasmtime serve`.
+                Err(_) if self.free.load(Ordering::SeqCst) == 0 => {}
+                // An instance being made takes this request or the queue's next: the wait goes
+                // on while one is, up to the slot wait in all.
+                Err(_) if making && queued.elapsed() < SLOT_WAIT => {}
+                Err(_) if ending.slot.withdraw(|| self.refusing(), &self.untaken) => {
                     return Ok(Handed::Untaken(ending.give_back(untouched, head_copy)));
                 }
                 Err(_) => break answering.await,
@@ -467,7 +473,8 @@ struct LentBody {
 
 /// What a request lends: its body, and what is left of the frame being copied out.
 struct Lent {
-    /// `None` once the request is withdrawn: it went to an instance of its own.
+    /// `None` once the request is withdrawn: it went to an instance of its own, and the copy
+    /// left in the queue reads an empty body.
     body: Option<WasiBody>,
     left: Bytes,
 }
@@ -507,10 +514,9 @@ impl Body for LentBody {
                 lent.left.advance(length);
                 return Poll::Ready(Some(Ok(Frame::data(chunk))));
             }
+            // A withdrawn request's copy reads an empty body: nothing for a guest to fail on.
             let Some(body) = lent.body.as_mut() else {
-                return Poll::Ready(Some(Err(wasmtime_wasi_http::Error::InternalError(Some(
-                    "the request was withdrawn from this instance".to_string(),
-                )))));
+                return Poll::Ready(None);
             };
             match ready!(Pin::new(body).poll_frame(cx)) {
                 Some(Ok(frame)) => match frame.into_data() {
@@ -525,7 +531,7 @@ impl Body for LentBody {
     fn is_end_stream(&self) -> bool {
         self.lent.upgrade().is_some_and(|owned| {
             let lent = owned.lock().unwrap_or_else(PoisonError::into_inner);
-            lent.left.is_empty() && lent.body.as_ref().is_some_and(Body::is_end_stream)
+            lent.left.is_empty() && lent.body.as_ref().is_none_or(Body::is_end_stream)
         })
     }
 
@@ -536,7 +542,7 @@ impl Body for LentBody {
         };
         let lent = owned.lock().unwrap_or_else(PoisonError::into_inner);
         let Some(body) = lent.body.as_ref() else {
-            return SizeHint::default();
+            return SizeHint::with_exact(0);
         };
         let (inner, left) = (body.size_hint(), lent.left.len() as u64);
         let mut hint = SizeHint::new();
@@ -560,6 +566,8 @@ struct Instances {
     retirement: Arc<Retirement>,
     /// Instances being made now.
     making: Arc<AtomicUsize>,
+    /// Instances that say they would take a request.
+    free: Arc<AtomicUsize>,
 }
 
 /// What a reload tells a guest's instances. wasmtime-wasi-http's workers outlive their
@@ -649,6 +657,11 @@ impl HandlerState for Instances {
                 retirement: Arc::clone(&self.retirement),
             },
             state: Worker {
+                free: FreeClaim {
+                    claimed: AtomicBool::new(false),
+                    count: Arc::clone(&self.free),
+                },
+                in_hand: AtomicUsize::new(0),
                 reuse: self.reuse,
                 request_timeout: self.limits.request_timeout,
                 instance,
@@ -662,6 +675,10 @@ impl HandlerState for Instances {
 /// One instance's worker: how many requests it takes, what they learn of the instance, and
 /// its place in the pools, given back after its store.
 struct Worker {
+    /// Whether the instance said, when last asked, that it would take a request.
+    free: FreeClaim,
+    /// The requests the instance had in hand when it was last asked to take one.
+    in_hand: AtomicUsize,
     reuse: InstanceReuse,
     request_timeout: Duration,
     instance: Arc<ServingInstance>,
@@ -674,6 +691,7 @@ impl WorkerState for Worker {
     type RequestData = Arc<RequestSlot>;
 
     fn should_accept_request(&self, concurrent: usize, total: usize) -> ShouldAccept {
+        self.in_hand.store(concurrent, Ordering::Relaxed);
         if concurrent == 0 {
             self.instance.settle();
         }
@@ -681,13 +699,16 @@ impl WorkerState for Worker {
         // instance of a guest swapped out serves the request it was made for (one may wait in
         // the old handler's queue), and no more.
         let swapped_out = self.retirement.is_retired() && total > 0;
-        if total >= self.reuse.requests as usize || self.instance.is_retired() || swapped_out {
-            ShouldAccept::Never
-        } else if concurrent >= self.reuse.concurrent as usize {
-            ShouldAccept::No
-        } else {
-            ShouldAccept::Yes
-        }
+        let answer =
+            if total >= self.reuse.requests as usize || self.instance.is_retired() || swapped_out {
+                ShouldAccept::Never
+            } else if concurrent >= self.reuse.concurrent as usize {
+                ShouldAccept::No
+            } else {
+                ShouldAccept::Yes
+            };
+        self.free.claim(matches!(answer, ShouldAccept::Yes));
+        answer
     }
 
     fn on_request_start(
@@ -696,8 +717,12 @@ impl WorkerState for Worker {
         slot: Arc<RequestSlot>,
         task: GuestTaskId,
     ) -> Pin<Box<dyn Future<Output = ()> + Send + Sync>> {
-        // A withdrawn request, taken after all, is served with parts that refuse it all.
-        let _ = slot.served_by(Arc::clone(&self.instance));
+        // A withdrawn request, taken after all, is served with nothing of its own; an instance
+        // with no other request is stopped before the copy does any work.
+        if !slot.served_by(Arc::clone(&self.instance)) && self.in_hand.load(Ordering::Relaxed) == 0
+        {
+            self.instance.stop_for_copy();
+        }
         store.data_mut().adopt(task, slot);
         Box::pin(tokio::time::sleep(self.request_timeout))
     }
@@ -713,9 +738,40 @@ impl WorkerState for Worker {
             }
         }));
         drop(store);
-        if let Err(error) = result {
-            tracing::warn!(error = one_line(&*error), "a reused guest instance ended");
+        match result {
+            Err(_) if self.instance.stopped_for_copy() => {
+                tracing::debug!("a reused guest instance was stopped for a withdrawn request");
+            }
+            Err(error) => {
+                tracing::warn!(error = one_line(&*error), "a reused guest instance ended")
+            }
+            Ok(()) => {}
         }
+    }
+}
+
+/// Whether an instance said, at its latest turn, that it would take a request; counted among
+/// its guest's instances while it does, and no longer once it goes.
+struct FreeClaim {
+    claimed: AtomicBool,
+    count: Arc<AtomicUsize>,
+}
+
+impl FreeClaim {
+    fn claim(&self, free: bool) {
+        if self.claimed.swap(free, Ordering::SeqCst) != free {
+            if free {
+                self.count.fetch_add(1, Ordering::SeqCst);
+            } else {
+                self.count.fetch_sub(1, Ordering::SeqCst);
+            }
+        }
+    }
+}
+
+impl Drop for FreeClaim {
+    fn drop(&mut self) {
+        self.claim(false);
     }
 }
 

@@ -391,6 +391,8 @@ pub struct ServingInstance {
     settled: AtomicUsize,
     /// Set when the instance is to take no more requests.
     retired: AtomicBool,
+    /// Set when it was stopped so that a withdrawn request's copy does no work.
+    stopped_for_copy: AtomicBool,
     /// Wakes those waiting on `ended` or `settled`.
     changed: tokio::sync::Notify,
     /// The bodies the instance writes, and those of them waiting on it, for its expiry.
@@ -477,6 +479,17 @@ impl ServingInstance {
         });
     }
 
+    /// Has the instance's expiry stop it at once, holding no request but a withdrawn one's copy.
+    pub fn stop_for_copy(&self) {
+        self.stopped_for_copy.store(true, Ordering::SeqCst);
+        self.stop();
+    }
+
+    /// Whether the instance was stopped for a withdrawn request's copy.
+    pub fn stopped_for_copy(&self) -> bool {
+        self.stopped_for_copy.load(Ordering::SeqCst)
+    }
+
     /// Keeps the instance from taking another request; `true` the first time.
     pub fn retire(&self) -> bool {
         !self.retired.swap(true, Ordering::SeqCst)
@@ -545,7 +558,6 @@ impl RequestSlot {
     /// Notes that `instance` has taken the request; `false` if it was withdrawn first, when
     /// the instance serves nobody's request with the parts that refuse it.
     pub fn served_by(&self, instance: Arc<ServingInstance>) -> bool {
-        let ordinal = instance.taken.fetch_add(1, Ordering::SeqCst) + 1;
         // Under the parts' lock, so that a withdrawal and a take never both succeed.
         let _parts = self.lock();
         if self.is_withdrawn() {
@@ -557,6 +569,7 @@ impl RequestSlot {
             drop(untaken);
             return false;
         }
+        let ordinal = instance.taken.fetch_add(1, Ordering::SeqCst) + 1;
         let _ = self.instance.set(Served {
             over_budget_before: instance.record.cost.was_over_budget(),
             over_limit_before: instance.record.cost.was_over_limit(),
@@ -569,15 +582,19 @@ impl RequestSlot {
 
     /// Takes the request back unless an instance has taken it; `true` if so, `untaken` then
     /// counting it until an instance takes it. An instance that takes it later finds
-    /// `refusing` in place of its parts: no store, no span, no call out.
-    pub fn withdraw(&self, refusing: RequestParts, untaken: Counted) -> bool {
+    /// `refusing()` in place of its parts: no store, no span, no call out.
+    pub fn withdraw(
+        &self,
+        refusing: impl FnOnce() -> RequestParts,
+        untaken: &Arc<AtomicUsize>,
+    ) -> bool {
         let mut parts = self.lock();
         if self.instance.get().is_some() {
             return false;
         }
         self.withdrawn.store(true, Ordering::SeqCst);
-        *self.untaken.lock().unwrap_or_else(PoisonError::into_inner) = Some(untaken);
-        let own = parts.replace(Box::new(refusing));
+        *self.untaken.lock().unwrap_or_else(PoisonError::into_inner) = Some(Counted::new(untaken));
+        let own = parts.replace(Box::new(refusing()));
         drop(parts);
         drop(own);
         true
@@ -861,7 +878,7 @@ mod tests {
         let (own, own_record) = quiet_parts(&users);
         let slot = RequestSlot::new(own);
         let (refusing, refusing_record) = quiet_parts(&users);
-        assert!(slot.withdraw(refusing, Counted::new(&untaken)));
+        assert!(slot.withdraw(|| refusing, &untaken));
         assert_eq!(untaken.load(Ordering::SeqCst), 1);
         // The withdrawing side ends the request; the queue's copy lives on.
         slot.end();
@@ -869,7 +886,7 @@ mod tests {
         assert!(!slot.served_by(Arc::clone(&instance)));
         assert_eq!(untaken.load(Ordering::SeqCst), 0, "taken at last");
         assert!(slot.served().is_none());
-        assert_eq!(instance.taken(), 1, "the instance did take it");
+        assert_eq!(instance.taken(), 0, "none of its own requests");
         let parts = slot
             .take()
             .expect("the refusing parts outlive the request's end");
@@ -885,7 +902,7 @@ mod tests {
         let slot = RequestSlot::new(own);
         assert!(slot.served_by(Arc::new(ServingInstance::default())));
         let (refusing, _) = quiet_parts(&users);
-        assert!(!slot.withdraw(refusing, Counted::new(&untaken)));
+        assert!(!slot.withdraw(|| refusing, &untaken));
         assert_eq!(untaken.load(Ordering::SeqCst), 0);
         assert!(!slot.is_withdrawn());
         let parts = slot.take().expect("its own parts");
@@ -897,7 +914,7 @@ mod tests {
         let users = Arc::new(UserStore::memory(10));
         let untaken = Arc::new(AtomicUsize::new(0));
         let slot = RequestSlot::new(quiet_parts(&users).0);
-        assert!(slot.withdraw(quiet_parts(&users).0, Counted::new(&untaken)));
+        assert!(slot.withdraw(|| quiet_parts(&users).0, &untaken));
         assert_eq!(untaken.load(Ordering::SeqCst), 1);
         drop(slot);
         assert_eq!(untaken.load(Ordering::SeqCst), 0);
