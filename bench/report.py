@@ -58,7 +58,9 @@ def paired(a, b, measure=rps):
 
 # BENCH_BEFORE's A/B (bench/run.sh): each pair's contender now, and that commit's host beside it.
 AB_PAIRS = (("real guest, full telemetry over OTLP", "host-real-otlp", "host-before"),
-            ("minimal guest", "host-minimal", "host-before-minimal"))
+            ("minimal guest", "host-minimal", "host-before-minimal"),
+            ("WASIp3 fixture, reused 128 / 16", "host-p3-reuse", "host-before-p3-reuse"),
+            ("minimal guest, reused 128", "host-minimal-reuse", "host-before-minimal-reuse"))
 if os.environ.get("BENCH_AB_ONLY"):
     for guest, now, then in AB_PAIRS:
         requests, cpu = paired(now, then), paired(now, then, cpu_us)

@@ -8,7 +8,8 @@
 # binaries (Debian's postgresql package): a throwaway cluster is started for the run.
 # BENCH_BEFORE=<commit> adds an A/B: that commit's host, built in a worktree under target/ (kept
 # for the next run), beside this one in every round, twice: the real guest with all three
-# signals over OTLP, and the minimal guest. BENCH_AB_ONLY=1 with it measures that A/B alone.
+# signals over OTLP, the minimal guest, and the reused rows (the WASIp3 fixture and the minimal
+# guest, 128 / 16). BENCH_AB_ONLY=1 with it measures that A/B alone.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -75,7 +76,7 @@ require_free() {
     echo "port $1 is in use: stop what listens there and run again" >&2; exit 1
   fi
 }
-for port in 18081 18082 18083 18084 18085 18086 18087 18088 18089 18091 18092 18093 18094 18095 18096 18097 18098 18099 18100 ${BENCH_BEFORE:+18101} 18102 18103 18104 18105 18106 ${BENCH_BEFORE:+18107} $PG_PORT; do require_free "$port"; done
+for port in 18081 18082 18083 18084 18085 18086 18087 18088 18089 18091 18092 18093 18094 18095 18096 18097 18098 18099 18100 ${BENCH_BEFORE:+18101} 18102 18103 18104 18105 18106 ${BENCH_BEFORE:+18107 18108 18109} $PG_PORT; do require_free "$port"; done
 
 # Waits until $1 answers $2 (default /api/health); a 20 MB component compiles for seconds.
 wait_ready() {
@@ -184,6 +185,14 @@ measure() {
       # BENCH_BEFORE's host as host-minimal, the other half of the A/B.
       HOST=$BEFORE_HOST CACHE=$RESULTS/cache-before start_host 18107 "$WASM/minimal_guest.wasm"
       load "$1" http://127.0.0.1:18107/api/health ;;
+    host-before-p3-reuse|host-before-minimal-reuse)
+      # BENCH_BEFORE's host as host-p3-reuse or host-minimal-reuse: the reused rows' A/B.
+      local port=18108 guest=p3_guest
+      [ "$1" = host-before-minimal-reuse ] && port=18109 guest=minimal_guest
+      HOST=$BEFORE_HOST CACHE=$RESULTS/cache-before start_host "$port" "$WASM/$guest.wasm" \
+        --max-instance-reuse-count 128 --max-instance-concurrent-reuse-count 16 \
+        --idle-instance-timeout-ms 1000
+      load "$1" "http://127.0.0.1:$port/api/health" ;;
     host-real-otlp-traces|host-real-otlp-metrics|host-real-otlp-logs)
       # One signal over OTLP, the other two not exported at all.
       local signal=${1#host-real-otlp-} traces=none metrics=none logs=none
@@ -262,11 +271,13 @@ CONTENDERS=(native-hyper host-minimal ${BENCH_BEFORE:+host-before-minimal} host-
   ${BENCH_BEFORE:+host-before} host-real-otlp-traces host-real-otlp-metrics host-real-otlp-logs
   host-real-otlp-silent host-real-no-export wasmtime-serve-minimal wasmtime-serve-nostd host-python
   wasmtime-serve-python host-js wasmtime-serve-js host-p3 wasmtime-serve-p3-fresh
-  host-p3-reuse wasmtime-serve-p3-reuse host-minimal-reuse)
+  host-p3-reuse ${BENCH_BEFORE:+host-before-p3-reuse} wasmtime-serve-p3-reuse host-minimal-reuse
+  ${BENCH_BEFORE:+host-before-minimal-reuse})
 if [ -n "${BENCH_AB_ONLY:-}" ] && [ -n "${BENCH_BEFORE:-}" ]; then
   # The A/B alone, in more rounds (a pair's ratio moves by 10 % between rounds on 2 cores):
   # printed, nothing written.
-  CONTENDERS=(host-minimal host-before-minimal host-real-otlp host-before)
+  CONTENDERS=(host-minimal host-before-minimal host-real-otlp host-before host-p3-reuse
+    host-before-p3-reuse host-minimal-reuse host-before-minimal-reuse)
   ROUNDS=${BENCH_ROUNDS:-10}
 fi
 echo "== throughput (wrk -t2 -c$CONNECTIONS, ${SECONDS_PER_RUN}s each, GET /api/health, /hello for the Python and JavaScript guests, $ROUNDS rounds)"

@@ -165,12 +165,14 @@ impl ReusedInstances {
         let (body, lent) = LentBody::lend(body);
         let request = http::Request::from_parts(head, lent);
         let (ended, end) = tokio::sync::oneshot::channel::<()>();
-        let ending = RequestEnd {
+        let mut ending = RequestEnd {
             cost,
             record,
             slot: Arc::new(RequestSlot::new(parts)),
             body,
-            _ended: ended,
+            ended: Some(ended),
+            answered: false,
+            backstop: self.limits.request_timeout * 2 + Duration::from_secs(1),
         };
         // The slot is held in a task of its own, which ends with the request or is stopped to
         // give the slot to another (`InstanceSlots::start_streaming`).
@@ -185,9 +187,10 @@ impl ReusedInstances {
             hold.give_back();
         });
         // The instance's own expiry ends a request at its deadline; this is the backstop.
-        let backstop = self.limits.request_timeout * 2 + Duration::from_secs(1);
-        let answering =
-            tokio::time::timeout(backstop, handler.handle(Arc::clone(&ending.slot), request));
+        let answering = tokio::time::timeout(
+            ending.backstop,
+            handler.handle(Arc::clone(&ending.slot), request),
+        );
         tokio::pin!(answering);
         let queued = Instant::now();
         let answer = loop {
@@ -210,10 +213,11 @@ impl ReusedInstances {
         let served = ending.slot.served();
         match answer {
             Ok(response) => {
+                let instance = served.map(|served| Arc::clone(&served.instance));
+                ending.answered = true;
                 self.capacity
                     .slots
                     .start_streaming(&permit, slot_holder.abort_handle());
-                let instance = served.map(|served| Arc::clone(&served.instance));
                 let bounds = self.limits.body;
                 Ok(Handed::Answered(response.map(|body| {
                     GuestBody::reused(body, ending, instance, bounds, client_stalled)
@@ -388,7 +392,11 @@ pub(super) struct RequestEnd {
     /// The client's body, lent to the instance until the request ends.
     body: Arc<Mutex<Lent>>,
     /// Dropped when the request ends, so that its slot holder gives the slot back.
-    _ended: tokio::sync::oneshot::Sender<()>,
+    ended: Option<tokio::sync::oneshot::Sender<()>>,
+    /// Set once the request's answer has come.
+    answered: bool,
+    /// How long after it came the request may still be in an instance.
+    backstop: Duration,
 }
 
 impl RequestEnd {
@@ -423,6 +431,20 @@ impl Drop for RequestEnd {
             self.record.cost.memory_grew(peak);
         }
         drop(self.cost.take());
+        // Gone before its answer (its client left, or it failed), the request may still be in
+        // the queue or an instance: it keeps its slot until an instance has done with it, as a
+        // fresh instance keeps its own, so that the slots bound what runs.
+        if !self.answered
+            && !self.slot.is_withdrawn()
+            && let Ok(runtime) = tokio::runtime::Handle::try_current()
+            && let Some(ended) = self.ended.take()
+        {
+            let (slot, within) = (Arc::clone(&self.slot), self.backstop);
+            runtime.spawn(async move {
+                slot.finished(within).await;
+                drop(ended);
+            });
+        }
     }
 }
 

@@ -635,6 +635,21 @@ impl RequestSlot {
         }
     }
 
+    /// Waits, at most `within`, until an instance has taken the request and finished it, or
+    /// ended.
+    pub async fn finished(&self, within: std::time::Duration) {
+        let wait = async {
+            loop {
+                if let Some(served) = self.served() {
+                    served.instance.outcome(served.ordinal, within).await;
+                    return;
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            }
+        };
+        let _ = tokio::time::timeout(within, wait).await;
+    }
+
     /// Whether the request has ended.
     pub fn is_ended(&self) -> bool {
         self.ended.load(Ordering::SeqCst)
