@@ -41,11 +41,12 @@ use crate::observability::routes::RouteTemplates;
 use crate::runtime::capacity::{BodyBounds, GuestCapacity, GuestLimits, InstanceReuse};
 use crate::runtime::guest_body::GuestBody;
 use crate::runtime::held::{BODY_CHUNK_BYTES, TooMuchHeld};
+use crate::runtime::outbound::OutboundSockets;
 use crate::runtime::pool::BUDGET_SPENT;
 use crate::runtime::slots::{InstancePermit, SLOT_WAIT};
 use crate::runtime::store::{
     Counted, InstanceFailure, Outbound, RequestContext, RequestParts, RequestSlot, RequestState,
-    Served, ServingInstance, new_reused_store,
+    Served, ServingInstance, Taken, new_reused_store,
 };
 use crate::user_store::UserStore;
 
@@ -75,9 +76,8 @@ pub(super) struct ReusedInstances {
     making: Arc<AtomicUsize>,
     /// Instances that said, at their latest turn, that they would take a request.
     free: Arc<AtomicUsize>,
-    /// The store a withdrawn request meets if an instance takes it after all: empty, and
-    /// taking nothing.
-    refusing_users: Arc<UserStore>,
+    /// What a withdrawn request's copy is served with.
+    refusal: Arc<Refusal>,
 }
 
 impl ReusedInstances {
@@ -95,14 +95,17 @@ impl ReusedInstances {
             engine,
             reuse,
             limits,
-            capacity,
             handler: OnceLock::new(),
             left_unanswered: AtomicBool::new(false),
             retirement: Arc::default(),
             untaken: Arc::default(),
             making: Arc::default(),
             free: Arc::default(),
-            refusing_users: Arc::new(UserStore::memory(0)),
+            refusal: Arc::new(Refusal {
+                users: Arc::new(UserStore::memory(0)),
+                sockets: capacity.outbound_sockets.clone(),
+            }),
+            capacity,
         }
     }
 
@@ -172,7 +175,9 @@ impl ReusedInstances {
             body,
             ended: Some(ended),
             answered: false,
-            backstop: self.limits.request_timeout * 2 + Duration::from_secs(1),
+            // As a fresh instance's slot is held at most to its backstop.
+            hold_until: Instant::now() + self.limits.request_timeout + Duration::from_secs(1),
+            refusal: Arc::clone(&self.refusal),
         };
         // The slot is held in a task of its own, which ends with the request or is stopped to
         // give the slot to another (`InstanceSlots::start_streaming`).
@@ -187,14 +192,12 @@ impl ReusedInstances {
             hold.give_back();
         });
         // The instance's own expiry ends a request at its deadline; this is the backstop.
-        let answering = tokio::time::timeout(
-            ending.backstop,
-            handler.handle(Arc::clone(&ending.slot), request),
-        );
+        let backstop = self.limits.request_timeout * 2 + Duration::from_secs(1);
+        let answering =
+            tokio::time::timeout(backstop, handler.handle(Arc::clone(&ending.slot), request));
         tokio::pin!(answering);
         let queued = Instant::now();
         let answer = loop {
-            let making = self.making.load(Ordering::SeqCst) > 0;
             match tokio::time::timeout(QUEUE_WAIT, &mut answering).await {
                 Ok(answer) => break answer,
                 // With no instance saying it is free, wasmtime-wasi-http makes one that takes
@@ -202,19 +205,26 @@ impl ReusedInstances {
                 Err(_) if self.free.load(Ordering::SeqCst) == 0 => {}
                 // An instance being made takes this request or the queue's next: the wait goes
                 // on while one is, up to the slot wait in all.
-                Err(_) if making && queued.elapsed() < SLOT_WAIT => {}
-                Err(_) if ending.slot.withdraw(|| self.refusing(), &self.untaken) => {
+                Err(_)
+                    if self.making.load(Ordering::SeqCst) > 0 && queued.elapsed() < SLOT_WAIT => {}
+                Err(_)
+                    if ending
+                        .slot
+                        .withdraw(|| self.refusal.parts(), Some(&self.untaken)) =>
+                {
                     return Ok(Handed::Untaken(ending.give_back(untouched, head_copy)));
                 }
                 Err(_) => break answering.await,
             }
-        }
-        .map_err(|_| RequestError::Timeout)?;
+        };
+        // Answered, or past the backstop (its instance stopped): its slot is free to go when the
+        // request ends.
+        ending.answered = true;
+        let answer = answer.map_err(|_| RequestError::Timeout)?;
         let served = ending.slot.served();
         match answer {
             Ok(response) => {
                 let instance = served.map(|served| Arc::clone(&served.instance));
-                ending.answered = true;
                 self.capacity
                     .slots
                     .start_streaming(&permit, slot_holder.abort_handle());
@@ -259,16 +269,21 @@ impl ReusedInstances {
     }
 }
 
-impl ReusedInstances {
-    /// The parts a withdrawn request is served with if an instance takes it after all: an
-    /// empty store that takes nothing, no span, no call out, so nothing of it is done twice.
-    fn refusing(&self) -> RequestParts {
+/// What the copy of a withdrawn request is served with, if an instance takes it after all: an
+/// empty store that takes nothing, no span, no call out, so nothing of it is done twice.
+struct Refusal {
+    users: Arc<UserStore>,
+    sockets: OutboundSockets,
+}
+
+impl Refusal {
+    fn parts(&self) -> RequestParts {
         RequestParts::new(
-            RequestContext::quiet(Arc::clone(&self.refusing_users)),
+            RequestContext::quiet(Arc::clone(&self.users)),
             Arc::default(),
             Outbound {
                 rules: Arc::default(),
-                sockets: self.capacity.outbound_sockets.clone(),
+                sockets: self.sockets.clone(),
                 deadline: Instant::now(),
             },
         )
@@ -395,8 +410,10 @@ pub(super) struct RequestEnd {
     ended: Option<tokio::sync::oneshot::Sender<()>>,
     /// Set once the request's answer has come.
     answered: bool,
-    /// How long after it came the request may still be in an instance.
-    backstop: Duration,
+    /// The latest its slot is held for a request whose client left before its answer.
+    hold_until: Instant,
+    /// What its copy is served with, should its client leave before an instance takes it.
+    refusal: Arc<Refusal>,
 }
 
 impl RequestEnd {
@@ -425,23 +442,28 @@ impl RequestEnd {
 
 impl Drop for RequestEnd {
     fn drop(&mut self) {
+        // Its client gone before an instance took it, the request is withdrawn for good.
+        if !self.answered {
+            let refusal = Arc::clone(&self.refusal);
+            self.slot.withdraw(|| refusal.parts(), None);
+        }
         self.slot.end();
         if let Some(served) = self.slot.served() {
             let peak = served.instance.record.cost.read().memory_peak;
             self.record.cost.memory_grew(peak);
         }
         drop(self.cost.take());
-        // Gone before its answer (its client left, or it failed), the request may still be in
-        // the queue or an instance: it keeps its slot until an instance has done with it, as a
-        // fresh instance keeps its own, so that the slots bound what runs.
+        // Its client gone while an instance serves it, the request keeps its slot until the
+        // instance has done with it (at most until its backstop), as a fresh instance keeps its
+        // own, so that the slots bound what runs.
         if !self.answered
             && !self.slot.is_withdrawn()
             && let Ok(runtime) = tokio::runtime::Handle::try_current()
             && let Some(ended) = self.ended.take()
         {
-            let (slot, within) = (Arc::clone(&self.slot), self.backstop);
+            let (slot, until) = (Arc::clone(&self.slot), self.hold_until);
             runtime.spawn(async move {
-                slot.finished(within).await;
+                slot.done(until).await;
                 drop(ended);
             });
         }
@@ -739,14 +761,25 @@ impl WorkerState for Worker {
         slot: Arc<RequestSlot>,
         task: GuestTaskId,
     ) -> Pin<Box<dyn Future<Output = ()> + Send + Sync>> {
-        // A withdrawn request, taken after all, is served with nothing of its own; an instance
-        // with no other request is stopped before the copy does any work.
-        if !slot.served_by(Arc::clone(&self.instance)) && self.in_hand.load(Ordering::Relaxed) == 0
-        {
-            self.instance.stop_for_copy();
+        // The copy of a request withdrawn from a stalled queue: the instance that stalled it (or
+        // one made for the queue) takes no more, and is stopped at once if it holds nothing else.
+        // A copy is served with nothing of its request's own.
+        if slot.served_by(Arc::clone(&self.instance)) == Taken::CopyFromStalledQueue {
+            self.instance.retire();
+            let idle = self.in_hand.load(Ordering::Relaxed) == 0
+                && self.instance.bodies(|bodies| bodies.open == 0);
+            if idle {
+                self.instance.stop_for_copy();
+            }
         }
+        // Dropped when the instance has done with the request: answered, or expired.
+        let done = DoneWith(Arc::clone(&slot));
         store.data_mut().adopt(task, slot);
-        Box::pin(tokio::time::sleep(self.request_timeout))
+        let deadline = tokio::time::sleep(self.request_timeout);
+        Box::pin(async move {
+            let _done = done;
+            deadline.await;
+        })
     }
 
     fn drop(&self, store: Store<RequestState>, result: wasmtime::Result<()>) {
@@ -769,6 +802,15 @@ impl WorkerState for Worker {
             }
             Ok(()) => {}
         }
+    }
+}
+
+/// Says that the instance has done with a request, when dropped.
+struct DoneWith(Arc<RequestSlot>);
+
+impl Drop for DoneWith {
+    fn drop(&mut self) {
+        self.0.mark_done();
     }
 }
 

@@ -348,10 +348,27 @@ pub struct RequestSlot {
     /// Set when the request was taken back before an instance took it: an instance that
     /// takes it later serves it with parts that refuse it everything.
     withdrawn: AtomicBool,
-    /// Counts the withdrawn request until an instance takes it, or it goes untaken.
+    /// Counts the withdrawn request until an instance takes it, or it goes untaken, when it
+    /// was withdrawn from a queue that had stalled (not for a client that left).
     untaken: Mutex<Option<Counted>>,
+    /// Set when the instance that took the request has done with it: answered, or expired.
+    done: AtomicBool,
+    /// Wakes those waiting for `done`.
+    done_told: tokio::sync::Notify,
     /// The instance serving the request, once one does.
     instance: OnceLock<Served>,
+}
+
+/// What an instance took from the queue.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Taken {
+    /// A client's request.
+    Request,
+    /// The copy of a request withdrawn after the queue stalled behind an instance that said it
+    /// was free and took nothing.
+    CopyFromStalledQueue,
+    /// The copy of a request whose client left before any instance took it.
+    CopyOfAbandoned,
 }
 
 /// One in a count, for as long as it lives.
@@ -551,13 +568,15 @@ impl RequestSlot {
             ended: AtomicBool::new(false),
             withdrawn: AtomicBool::new(false),
             untaken: Mutex::default(),
+            done: AtomicBool::new(false),
+            done_told: tokio::sync::Notify::new(),
             instance: OnceLock::new(),
         }
     }
 
-    /// Notes that `instance` has taken the request; `false` if it was withdrawn first, when
-    /// the instance serves nobody's request with the parts that refuse it.
-    pub fn served_by(&self, instance: Arc<ServingInstance>) -> bool {
+    /// Notes that `instance` has taken the request, or, if it was withdrawn first, a copy of
+    /// it that it serves with the parts that refuse it everything.
+    pub fn served_by(&self, instance: Arc<ServingInstance>) -> Taken {
         // Under the parts' lock, so that a withdrawal and a take never both succeed.
         let _parts = self.lock();
         if self.is_withdrawn() {
@@ -566,8 +585,10 @@ impl RequestSlot {
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner)
                 .take();
-            drop(untaken);
-            return false;
+            return match untaken {
+                Some(_) => Taken::CopyFromStalledQueue,
+                None => Taken::CopyOfAbandoned,
+            };
         }
         let ordinal = instance.taken.fetch_add(1, Ordering::SeqCst) + 1;
         let _ = self.instance.set(Served {
@@ -577,23 +598,24 @@ impl RequestSlot {
             instance,
             accepted: Instant::now(),
         });
-        true
+        Taken::Request
     }
 
-    /// Takes the request back unless an instance has taken it; `true` if so, `untaken` then
-    /// counting it until an instance takes it. An instance that takes it later finds
-    /// `refusing()` in place of its parts: no store, no span, no call out.
+    /// Takes the request back unless an instance has taken it (or it is withdrawn already);
+    /// `true` if so, `untaken`, when the queue stalled, then counting it until an instance
+    /// takes it. An instance that takes it later finds `refusing()` in place of its parts: no
+    /// store, no span, no call out.
     pub fn withdraw(
         &self,
         refusing: impl FnOnce() -> RequestParts,
-        untaken: &Arc<AtomicUsize>,
+        untaken: Option<&Arc<AtomicUsize>>,
     ) -> bool {
         let mut parts = self.lock();
-        if self.instance.get().is_some() {
+        if self.instance.get().is_some() || self.is_withdrawn() {
             return false;
         }
         self.withdrawn.store(true, Ordering::SeqCst);
-        *self.untaken.lock().unwrap_or_else(PoisonError::into_inner) = Some(Counted::new(untaken));
+        *self.untaken.lock().unwrap_or_else(PoisonError::into_inner) = untaken.map(Counted::new);
         let own = parts.replace(Box::new(refusing()));
         drop(parts);
         drop(own);
@@ -635,19 +657,26 @@ impl RequestSlot {
         }
     }
 
-    /// Waits, at most `within`, until an instance has taken the request and finished it, or
-    /// ended.
-    pub async fn finished(&self, within: std::time::Duration) {
+    /// Says that the instance that took the request has done with it.
+    pub fn mark_done(&self) {
+        self.done.store(true, Ordering::SeqCst);
+        self.done_told.notify_waiters();
+    }
+
+    /// Waits, at most until `until`, for the instance that took the request to be done with it.
+    pub async fn done(&self, until: Instant) {
         let wait = async {
             loop {
-                if let Some(served) = self.served() {
-                    served.instance.outcome(served.ordinal, within).await;
+                let told = self.done_told.notified();
+                tokio::pin!(told);
+                told.as_mut().enable();
+                if self.done.load(Ordering::SeqCst) {
                     return;
                 }
-                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                told.await;
             }
         };
-        let _ = tokio::time::timeout(within, wait).await;
+        let _ = tokio::time::timeout_at(until.into(), wait).await;
     }
 
     /// Whether the request has ended.
@@ -893,12 +922,15 @@ mod tests {
         let (own, own_record) = quiet_parts(&users);
         let slot = RequestSlot::new(own);
         let (refusing, refusing_record) = quiet_parts(&users);
-        assert!(slot.withdraw(|| refusing, &untaken));
+        assert!(slot.withdraw(|| refusing, Some(&untaken)));
         assert_eq!(untaken.load(Ordering::SeqCst), 1);
         // The withdrawing side ends the request; the queue's copy lives on.
         slot.end();
         let instance = Arc::new(ServingInstance::default());
-        assert!(!slot.served_by(Arc::clone(&instance)));
+        assert_eq!(
+            slot.served_by(Arc::clone(&instance)),
+            Taken::CopyFromStalledQueue
+        );
         assert_eq!(untaken.load(Ordering::SeqCst), 0, "taken at last");
         assert!(slot.served().is_none());
         assert_eq!(instance.taken(), 0, "none of its own requests");
@@ -915,9 +947,12 @@ mod tests {
         let untaken = Arc::new(AtomicUsize::new(0));
         let (own, own_record) = quiet_parts(&users);
         let slot = RequestSlot::new(own);
-        assert!(slot.served_by(Arc::new(ServingInstance::default())));
+        assert_eq!(
+            slot.served_by(Arc::new(ServingInstance::default())),
+            Taken::Request
+        );
         let (refusing, _) = quiet_parts(&users);
-        assert!(!slot.withdraw(|| refusing, &untaken));
+        assert!(!slot.withdraw(|| refusing, Some(&untaken)));
         assert_eq!(untaken.load(Ordering::SeqCst), 0);
         assert!(!slot.is_withdrawn());
         let parts = slot.take().expect("its own parts");
@@ -929,10 +964,52 @@ mod tests {
         let users = Arc::new(UserStore::memory(10));
         let untaken = Arc::new(AtomicUsize::new(0));
         let slot = RequestSlot::new(quiet_parts(&users).0);
-        assert!(slot.withdraw(|| quiet_parts(&users).0, &untaken));
+        assert!(slot.withdraw(|| quiet_parts(&users).0, Some(&untaken)));
         assert_eq!(untaken.load(Ordering::SeqCst), 1);
         drop(slot);
         assert_eq!(untaken.load(Ordering::SeqCst), 0);
+    }
+
+    #[test]
+    fn the_copy_of_a_request_whose_client_left_is_no_stalled_queues() {
+        let users = Arc::new(UserStore::memory(10));
+        let untaken = Arc::new(AtomicUsize::new(0));
+        let slot = RequestSlot::new(quiet_parts(&users).0);
+        assert!(slot.withdraw(|| quiet_parts(&users).0, None));
+        assert!(
+            !slot.withdraw(|| quiet_parts(&users).0, Some(&untaken)),
+            "withdrawn once"
+        );
+        assert_eq!(untaken.load(Ordering::SeqCst), 0);
+        assert_eq!(
+            slot.served_by(Arc::new(ServingInstance::default())),
+            Taken::CopyOfAbandoned
+        );
+    }
+
+    #[tokio::test]
+    async fn waiting_for_an_instance_to_be_done_with_a_request_ends_when_it_is_or_at_the_bound() {
+        let users = Arc::new(UserStore::memory(10));
+        let slot = Arc::new(RequestSlot::new(quiet_parts(&users).0));
+        let until = std::time::Instant::now() + Duration::from_secs(5);
+        let waiting = tokio::spawn({
+            let slot = Arc::clone(&slot);
+            async move {
+                let started = Instant::now();
+                slot.done(until).await;
+                started.elapsed()
+            }
+        });
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        slot.mark_done();
+        let waited = waiting.await.unwrap();
+        assert!(waited < Duration::from_secs(2), "{waited:?}");
+        let never_done = RequestSlot::new(quiet_parts(&users).0);
+        let started = Instant::now();
+        never_done
+            .done(std::time::Instant::now() + Duration::from_millis(200))
+            .await;
+        assert!(started.elapsed() >= Duration::from_millis(190));
     }
 
     #[test]
