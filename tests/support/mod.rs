@@ -508,6 +508,20 @@ fn uuid_like() -> String {
     )
 }
 
+/// The CPU time, user and system, process `pid` has used, from `/proc` (in the kernel's ticks).
+pub fn cpu_seconds(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    // After the command's closing parenthesis come field 3 (the state) onwards: utime is field
+    // 14, stime field 15.
+    let fields: Vec<&str> = stat[stat.rfind(')').unwrap() + 1..]
+        .split_whitespace()
+        .collect();
+    let ticks: u64 = fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap();
+    // SAFETY: sysconf has no preconditions.
+    let per_second = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    ticks as f64 / per_second as f64
+}
+
 /// An HTTP client for the tests; no connection reuse surprises, no proxies.
 pub fn client() -> reqwest::Client {
     reqwest::Client::builder()
