@@ -346,14 +346,13 @@ async fn with_reuse_a_request_past_the_running_slots_waits_for_one_as_a_fresh_on
 async fn with_reuse_a_request_whose_client_leaves_keeps_its_slot_until_its_instance_is_done() {
     let host = reusing_host("100", "1", &[("MAX_INSTANCES", "1")]);
     // The one running slot's request sleeps 300 ms in its instance; its client leaves at 50.
-    let leaving = reqwest::Client::builder()
-        .no_proxy()
-        .local_address(std::net::IpAddr::from([127, 0, 0, 2]))
-        .timeout(Duration::from_millis(50))
-        .build()
-        .unwrap();
     let sent = Instant::now();
-    assert!(leaving.get(host.url("/sleep")).send().await.is_err());
+    let leaving = client_from([127, 0, 0, 2])
+        .get(host.url("/sleep"))
+        .timeout(Duration::from_millis(50))
+        .send()
+        .await;
+    assert!(leaving.is_err());
     let response = client_from([127, 0, 0, 3])
         .get(host.url("/api/health"))
         .send()
